@@ -1,0 +1,163 @@
+"""The router's ASGI application: a fixed route table, the error mapping, and the lifespan that
+runs health probes and reload triggers.
+
+Routes match the raw request path byte for byte. Only the allowlisted OpenAI routes are
+proxied, and the path sent upstream is the router's own constant, never the client's text:
+`//v1/…`, `/v1/../invocations`, `/V1/…` or percent-encoded variants match nothing and get 404."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from router import admin
+from router.asgi import Message, Receive, Send, send_bytes, send_json
+from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
+from router.metrics import CONTENT_TYPE
+from router.proxy.handler import ClientGone, Headers, handle
+from router.state import RouterState
+
+Handler = Callable[[RouterState, Message, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("lane_router.app")
+
+_PROXIED: dict[bytes, tuple[str, bytes]] = {
+    b"/v1/chat/completions": ("chat", b"/v1/chat/completions"),
+    b"/v1/completions": ("completions", b"/v1/completions"),
+    b"/v1/embeddings": ("embeddings", b"/v1/embeddings"),
+}
+
+
+async def _health(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+    await send_json(send, 200, {"status": "ok"})
+
+
+async def _ready(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+    ready = state.runtime.ready()
+    await send_json(send, 200 if ready else 503, {"status": "ready" if ready else "not_ready"})
+
+
+async def _metrics(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+    key = state.runtime.keys.authenticate(Headers(scope["headers"]).authorization)
+    key.allow_metrics()
+    await send_bytes(send, 200, state.metrics.exposition(), CONTENT_TYPE.encode())
+
+
+async def _models(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+    runtime = state.runtime
+    key = runtime.keys.authenticate(Headers(scope["headers"]).authorization)
+    data = [
+        {
+            "id": model,
+            "object": "model",
+            "owned_by": "lane-router",
+            "created": int(runtime.loaded_at),
+            "max_model_len": min(p.config.vllm.max_model_len for p in pools),
+        }
+        for model, pools in sorted(runtime.models.items())
+        if key.models is None or model in key.models
+    ]
+    await send_json(send, 200, {"object": "list", "data": data})
+
+
+def _proxy(endpoint: str, target: bytes) -> Handler:
+    async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+        runtime = state.runtime
+        runtime.enter()
+        try:
+            await handle(runtime, endpoint, target, scope, receive, send)  # type: ignore[arg-type]
+        finally:
+            runtime.leave()
+
+    return proxied
+
+
+ROUTES: dict[bytes, dict[str, Handler]] = {
+    b"/health": {"GET": _health, "HEAD": _health},
+    b"/ready": {"GET": _ready, "HEAD": _ready},
+    b"/metrics": {"GET": _metrics},
+    b"/v1/models": {"GET": _models},
+    b"/admin/lanes": {"GET": admin.lanes},
+    b"/admin/reload": {"POST": admin.reload},
+    **{path: {"POST": _proxy(endpoint, target)} for path, (endpoint, target) in _PROXIED.items()},
+}
+
+
+class LaneRouterApp:
+    def __init__(self, state: RouterState, lifespan: Callable[[], Any] | None = None) -> None:
+        self.state = state
+        self._lifespan = lifespan
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._run_lifespan(receive, send)
+
+    async def _http(self, scope: Message, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            methods = ROUTES.get(scope.get("raw_path") or scope["path"].encode())
+            if methods is None:
+                raise NotFound("unknown route", code="unknown_route")
+            handler = methods.get(scope["method"])
+            if handler is None:
+                raise MethodNotAllowed(
+                    f"use {' or '.join(methods)} on this route", headers={"allow": ", ".join(methods)}
+                )
+            await handler(self.state, scope, receive, tracking_send)
+        except ClientGone:
+            return
+        except RouterError as err:
+            if started:
+                raise
+            self._count(err)
+            await send_json(send, err.status, err.envelope(), err.headers())
+        except Exception:
+            if started:
+                raise
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            await send_json(
+                send,
+                500,
+                {
+                    "error": {
+                        "message": "internal router error",
+                        "type": "server_error",
+                        "code": "internal_error",
+                    }
+                },
+            )
+
+    def _count(self, err: RouterError) -> None:
+        m = self.state.metrics
+        if isinstance(err, Unauthorized) or err.code.endswith("scope_required"):
+            m.auth_failures.labels(err.code).inc()
+        else:
+            m.rejected.labels(err.code).inc()
+
+    async def _run_lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        context = self._lifespan() if self._lifespan else None
+        try:
+            if context is not None:
+                await context.__aenter__()
+        except Exception as exc:
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        message = await receive()
+        try:
+            if context is not None:
+                await context.__aexit__(None, None, None)
+        finally:
+            await send({"type": "lifespan.shutdown.complete"})

@@ -1,0 +1,36 @@
+"""ASGI types and the few response helpers every edge module shares."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+import orjson
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+async def send_bytes(
+    send: Send, status: int, body: bytes, content_type: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(
+    send: Send, status: int, payload: Any, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    await send_bytes(send, status, orjson.dumps(payload), b"application/json", headers)

@@ -1,0 +1,116 @@
+"""API keys: stored as sha256, compared in constant time, with per-key scopes and limits."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from router.config.models import KeyConfig, RequestClass
+from router.errors import Forbidden, Unauthorized
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def new_key() -> str:
+    return "lr-" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    name: str
+    digest: bytes
+    classes: frozenset[RequestClass] | None
+    models: frozenset[str] | None
+    pin_class: RequestClass | None
+    may_set_class: bool
+    admin: bool
+    metrics: bool
+    rpm: int | None
+    tpm: int | None
+    max_concurrency: int | None
+
+    def allow_class(self, cls: RequestClass) -> None:
+        if self.classes is not None and cls not in self.classes:
+            raise Forbidden(f"this key may not send {cls.value} requests", code="class_not_allowed")
+
+    def allow_model(self, model: str) -> None:
+        if self.models is not None and model not in self.models:
+            raise Forbidden(f"this key may not use model {model!r}", code="model_not_allowed")
+
+    def allow_admin(self) -> None:
+        if not self.admin:
+            raise Forbidden("this route needs a key with the admin scope", code="admin_scope_required")
+
+    def allow_metrics(self) -> None:
+        if not (self.admin or self.metrics):
+            raise Forbidden(
+                "this route needs a key with the metrics or admin scope", code="metrics_scope_required"
+            )
+
+
+def build_keys(
+    configs: tuple[KeyConfig, ...], environ: Mapping[str, str] | None = None
+) -> tuple[ApiKey, ...]:
+    env = os.environ if environ is None else environ
+    keys = []
+    for cfg in configs:
+        raw = cfg.sha256 if cfg.sha256 is not None else env.get(cfg.sha256_env or "", "")
+        digest_hex = raw.removeprefix("sha256:").strip().lower()
+        if len(digest_hex) != 64:
+            raise ValueError(f"key {cfg.name!r}: no valid sha256 in ${cfg.sha256_env}")
+        keys.append(
+            ApiKey(
+                name=cfg.name,
+                digest=bytes.fromhex(digest_hex),
+                classes=frozenset(cfg.classes) if cfg.classes is not None else None,
+                models=frozenset(cfg.models) if cfg.models is not None else None,
+                pin_class=cfg.pin_class,
+                may_set_class=cfg.may_set_class,
+                admin=cfg.admin,
+                metrics=cfg.metrics,
+                rpm=cfg.rpm,
+                tpm=cfg.tpm,
+                max_concurrency=cfg.max_concurrency,
+            )
+        )
+    return tuple(keys)
+
+
+class KeyRing:
+    """Finds the key a bearer token belongs to without leaking, through timing, which key
+    (or how much of one) matched: every stored digest is compared, always."""
+
+    def __init__(self, keys: tuple[ApiKey, ...]) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def authenticate(self, authorization: bytes | None) -> ApiKey:
+        token = _bearer(authorization)
+        digest = hashlib.sha256(token).digest()
+        found: ApiKey | None = None
+        for key in self._keys:
+            if hmac.compare_digest(digest, key.digest):
+                found = key
+        if found is None:
+            raise Unauthorized("invalid API key", code="invalid_api_key")
+        return found
+
+
+def _bearer(authorization: bytes | None) -> bytes:
+    if not authorization:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+    scheme, _, token = authorization.strip().partition(b" ")
+    token = token.strip()
+    if scheme.lower() != b"bearer" or not token:
+        raise Unauthorized(
+            "malformed Authorization header: expected 'Bearer <key>'", code="malformed_authorization"
+        )
+    return token

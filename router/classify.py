@@ -1,0 +1,65 @@
+"""Which of the six classes a request belongs to, and why. Pure: everything stateful (the
+repeated-prefix count, the slow-client memory) is looked up by the caller and passed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from router.auth import ApiKey
+from router.config.models import ClassifyConfig, RequestClass
+from router.facts import RequestFacts
+
+
+class Reason(StrEnum):
+    HEADER = "header"
+    PINNED = "pinned_key"
+    TOOLS = "tools"
+    LONG_PROMPT = "long_prompt"
+    REPEATED_PREFIX = "repeated_prefix"
+    LARGE_GENERATION = "large_generation"
+    SLOW_CLIENT = "slow_client"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    cls: RequestClass
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What the caller observed beside the body."""
+
+    header_class: RequestClass | None = None
+    prefix_seen: int = 0
+    slow_client: bool = False
+
+
+def parse_class_header(value: bytes | None) -> RequestClass | None:
+    """An unknown class name in `X-Request-Class` is ignored like an absent header."""
+    if not value:
+        return None
+    try:
+        return RequestClass(value.decode("latin-1").strip().lower())
+    except ValueError:
+        return None
+
+
+def classify(facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyConfig) -> Classification:
+    if signals.header_class is not None and key.may_set_class:
+        return Classification(signals.header_class, Reason.HEADER)
+    if key.pin_class is not None:
+        return Classification(key.pin_class, Reason.PINNED)
+    if facts.has_tools:
+        return Classification(RequestClass.AGENT, Reason.TOOLS)
+    if facts.prompt_tokens >= cfg.long_context_tokens:
+        return Classification(RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT)
+    if signals.prefix_seen >= cfg.repeated_prefix.seen:
+        return Classification(RequestClass.RAG, Reason.REPEATED_PREFIX)
+    if not facts.stream and (facts.max_tokens or 0) >= cfg.batch_min_output_tokens:
+        return Classification(RequestClass.BATCH, Reason.LARGE_GENERATION)
+    if facts.stream and signals.slow_client:
+        return Classification(RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT)
+    return Classification(cfg.default_class, Reason.DEFAULT)

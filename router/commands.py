@@ -1,0 +1,125 @@
+"""The router's own subcommands: `serve`, `check` and `hash-key`."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from router.auth import hash_key, new_key
+from router.config.load import ConfigError, load_profile
+from router.config.models import ProfileConfig
+from router.config.vllm import server_configuration_hash
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="run the router", description="Run the router in front of the pools of a profile."
+    )
+    serve.add_argument("--config", type=Path, help="profile file (default: $LANE_ROUTER_CONFIG)")
+    serve.add_argument("--host", help="listen address (default: $LANE_ROUTER_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default: $LANE_ROUTER_PORT or 8080)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    check = subparsers.add_parser(
+        "check",
+        help="validate a profile and print its lanes, pools and configuration hashes",
+        description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path.",
+    )
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=cmd_check)
+
+    hk = subparsers.add_parser(
+        "hash-key",
+        help="print the sha256 to store in a profile for an API key",
+        description="Print the sha256 of an API key (read from the argument, or from stdin/prompt). "
+        "With --new, make a fresh random key and print it with its hash.",
+    )
+    hk.add_argument("key", nargs="?", help="the key (omit to read it from stdin, safer than argv)")
+    hk.add_argument("--new", action="store_true", help="generate a new random key")
+    hk.set_defaults(func=cmd_hash_key)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from router.server import serve
+    from router.settings import Settings
+
+    overrides = {
+        k: v
+        for k, v in (
+            ("config", args.config),
+            ("host", args.host),
+            ("port", args.port),
+            ("log_level", args.log_level),
+        )
+        if v is not None
+    }
+    settings = Settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        serve(settings)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"lane-router serve: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_profile(args.file)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(describe(cfg))
+    return 0
+
+
+def describe(cfg: ProfileConfig) -> str:
+    lines = [f"profile: {cfg.profile}  (valid)", "", "lanes:"]
+    lines.append(f"  {'class':<13} {'pool':<14} {'balance':<18} {'priority':>8} {'max_in_flight':>13}")
+    for cls, lane in cfg.lanes.items():
+        mif = lane.max_in_flight if lane.max_in_flight is not None else "-"
+        lines.append(f"  {cls.value:<13} {lane.pool:<14} {lane.balance:<18} {lane.priority:>8} {mif!s:>13}")
+    lines += ["", "pools:"]
+    for name, pool in cfg.pools.items():
+        v = pool.vllm
+        lines.append(f"  {name}: model={pool.model} backends={len(pool.backends)} vllm={v.version}")
+        lines.append(
+            f"    max_model_len={v.max_model_len} max_num_batched_tokens={v.max_num_batched_tokens} "
+            f"max_num_seqs={v.max_num_seqs} long_prefill_token_threshold={v.long_prefill_token_threshold} "
+            f"stream_interval={v.stream_interval} prefix_caching={v.enable_prefix_caching}"
+        )
+        adm = pool.admission
+        if adm.max_prefilling is not None:
+            lines.append(
+                f"    admission: max_prefilling={adm.max_prefilling} "
+                f"max_long_prefilling={adm.max_long_prefilling}"
+            )
+        lines.append(f"    server_configuration_hash={server_configuration_hash(v, pool.model)}")
+    lines += ["", f"keys: {len(cfg.keys)}"]
+    return "\n".join(lines)
+
+
+def cmd_hash_key(args: argparse.Namespace) -> int:
+    if args.new:
+        key = new_key()
+        print(f"key:    {key}")
+        print(f"sha256: {hash_key(key)}")
+        return 0
+    key = args.key
+    if key is None:
+        key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline().strip()
+    if not key:
+        print("lane-router hash-key: empty key", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0

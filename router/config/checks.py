@@ -1,0 +1,101 @@
+"""Rules that relate several parts of a profile; each finding carries the dotted path it is about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config.models import ALL_CLASSES, ProfileConfig
+from router.config.vllm import vllm_rule_violations
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    issues += _lanes_name_pools(cfg)
+    issues += _every_class_has_a_lane(cfg)
+    issues += _pool_rules(cfg)
+    issues += _key_rules(cfg)
+    return issues
+
+
+def _lanes_name_pools(cfg: ProfileConfig) -> list[ConfigIssue]:
+    known = ", ".join(sorted(cfg.pools))
+    return [
+        ConfigIssue(f"lanes.{cls.value}.pool", f"names unknown pool {lane.pool!r} (pools: {known})")
+        for cls, lane in cfg.lanes.items()
+        if lane.pool not in cfg.pools
+    ]
+
+
+def _every_class_has_a_lane(cfg: ProfileConfig) -> list[ConfigIssue]:
+    return [
+        ConfigIssue(f"lanes.{cls.value}", "missing: every request class needs a lane")
+        for cls in ALL_CLASSES
+        if cls not in cfg.lanes
+    ]
+
+
+def _pool_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    owner: dict[str, str] = {}
+    for name, pool in cfg.pools.items():
+        issues += [
+            ConfigIssue(f"pools.{name}.vllm.{field}", message)
+            for field, message in vllm_rule_violations(pool.vllm)
+        ]
+        adm = pool.admission
+        if adm.max_long_prefilling is not None:
+            if adm.max_prefilling is None:
+                issues.append(
+                    ConfigIssue(f"pools.{name}.admission.max_long_prefilling", "needs max_prefilling")
+                )
+            elif adm.max_long_prefilling >= adm.max_prefilling:
+                issues.append(
+                    ConfigIssue(
+                        f"pools.{name}.admission.max_long_prefilling",
+                        f"must be < max_prefilling ({adm.max_prefilling}) so short prompts always find room",
+                    )
+                )
+        if len(set(pool.origins)) != len(pool.origins):
+            issues.append(ConfigIssue(f"pools.{name}.backends", "lists a backend twice"))
+        for origin in set(pool.origins):
+            other = owner.setdefault(origin, name)
+            if other != name:
+                # One server runs one configuration: it cannot be tuned for two pools at once.
+                issues.append(
+                    ConfigIssue(f"pools.{name}.backends", f"{origin} is also a backend of pool {other!r}")
+                )
+    return issues
+
+
+def _key_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    names: set[str] = set()
+    digests: dict[str, str] = {}
+    for i, key in enumerate(cfg.keys):
+        where = f"keys[{i}]"
+        if key.name in names:
+            issues.append(ConfigIssue(f"{where}.name", f"duplicate key name {key.name!r}"))
+        names.add(key.name)
+        if key.sha256 is not None:
+            digest = key.sha256.removeprefix("sha256:")
+            other = digests.setdefault(digest, key.name)
+            if other != key.name:
+                issues.append(
+                    ConfigIssue(f"{where}.sha256", f"same key as {other!r}: scopes would be ambiguous")
+                )
+        if (key.sha256 is None) == (key.sha256_env is None):
+            issues.append(ConfigIssue(f"{where}.sha256", "set exactly one of sha256 and sha256_env"))
+        if key.pin_class and key.classes is not None and key.pin_class not in key.classes:
+            issues.append(
+                ConfigIssue(f"{where}.pin_class", f"{key.pin_class.value!r} is not among the key's classes")
+            )
+    return issues

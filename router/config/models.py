@@ -1,0 +1,137 @@
+"""The profile file, as pydantic models. Field-level rules live here; rules that relate
+several parts of the file (lanes → pools, classes → lanes) live in `router.config.checks`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+
+from router.config.vllm import VllmSettings
+
+
+class RequestClass(StrEnum):
+    CHAT = "chat"
+    RAG = "rag"
+    LONG_CONTEXT = "long_context"
+    AGENT = "agent"
+    BATCH = "batch"
+    SLOW_STREAM = "slow_stream"
+
+
+ALL_CLASSES: tuple[RequestClass, ...] = tuple(RequestClass)
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolAdmission(Strict):
+    """Router-side partial-prefill limits per backend (SOURCES §1 point 5): at most
+    `max_prefilling` requests awaiting their first token, of which at most `max_long_prefilling`
+    long ones, so a short prompt always finds room."""
+
+    max_prefilling: int | None = Field(None, ge=1)
+    max_long_prefilling: int | None = Field(None, ge=0)
+    long_prompt_tokens: int | None = Field(None, ge=1)
+
+
+class PoolConfig(Strict):
+    backends: list[HttpUrl] = Field(min_length=1)
+    model: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    upstream_api_key_env: str | None = None
+    upstream_api_key: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(120.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
+    vllm: VllmSettings = VllmSettings()
+    admission: PoolAdmission = PoolAdmission()
+
+    @field_validator("backends")
+    @classmethod
+    def _plain_http_origins(cls, urls: list[HttpUrl]) -> list[HttpUrl]:
+        for url in urls:
+            if url.scheme != "http":
+                raise ValueError(f"{url}: only http:// backends are supported")
+            if url.path not in (None, "", "/") or url.query or url.fragment or url.username or url.password:
+                raise ValueError(
+                    f"{url}: a backend is an origin (http://host:port), "
+                    "without path, query, fragment or credentials"
+                )
+        return urls
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(f"http://{u.host}:{u.port}" for u in self.backends)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.aliases)
+
+
+Balance = Literal["least_outstanding", "round_robin", "power_of_two", "prefix_affinity"]
+
+
+class LaneConfig(Strict):
+    pool: Name
+    balance: Balance = "least_outstanding"
+    priority: int = Field(0, ge=0, le=100)
+    max_in_flight: int | None = Field(None, ge=1)
+    queue_limit: int = Field(1024, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    decouple: bool = False
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+
+
+class RepeatedPrefix(Strict):
+    min_tokens: int = Field(512, ge=1)
+    seen: int = Field(2, ge=1)
+    window_s: float = Field(600.0, gt=0)
+    max_entries: int = Field(65536, ge=16)
+
+
+class ClassifyConfig(Strict):
+    long_context_tokens: int = Field(6000, ge=1)
+    batch_min_output_tokens: int = Field(256, ge=1)
+    repeated_prefix: RepeatedPrefix = RepeatedPrefix()
+    default_class: RequestClass = RequestClass.CHAT
+
+
+class KeyConfig(Strict):
+    name: Name
+    sha256: str | None = Field(None, pattern=r"^(sha256:)?[0-9a-f]{64}$")
+    sha256_env: str | None = None
+    classes: tuple[RequestClass, ...] | None = None
+    models: tuple[str, ...] | None = None
+    pin_class: RequestClass | None = None
+    may_set_class: bool = False
+    admin: bool = False
+    metrics: bool = False
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+
+
+class HealthConfig(Strict):
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    unhealthy_after: int = Field(3, ge=1)
+    healthy_after: int = Field(1, ge=1)
+
+
+class ProfileConfig(Strict):
+    profile: str = "custom"
+    description: str = ""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    debug_headers: bool = False
+    tokenizer: str | None = None
+    pools: dict[Name, PoolConfig] = Field(min_length=1)
+    lanes: dict[RequestClass, LaneConfig]
+    classify: ClassifyConfig = ClassifyConfig()
+    keys: tuple[KeyConfig, ...] = ()
+    health: HealthConfig = HealthConfig()

@@ -1,0 +1,249 @@
+"""`lane-router evidence show | decide | diff`: read records, judge a lane, compare two records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import ValidationError
+
+from router.config.load import ConfigError, load_profile
+from router.config.models import RequestClass
+from router.evidence.build import serving_configuration
+from router.evidence.decide import Decision, FinalDecision, decide
+from router.evidence.diff import changed_fields, transfer_triggers
+from router.evidence.profile import lane_target
+from router.evidence.records import CapacityEvidenceRecord, EvidenceError, dump_record
+from router.evidence.store import load_records, read_record
+from router.evidence.targets import SloTargets, Target
+
+EXIT_CODES: Mapping[FinalDecision, int] = MappingProxyType(
+    {FinalDecision.PASS: 0, FinalDecision.CONDITIONAL: 1, FinalDecision.DEFER: 3}
+)
+EXIT_UNUSABLE = 2
+DECIDE_EPILOG = (
+    "exit status: 0 PASS, 1 CONDITIONAL (passes, but the record has no security boundary note), "
+    "2 unusable input (unreadable record or profile, bad --slo), 3 DEFER"
+)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "evidence",
+        help="capacity evidence records: show, decide, diff",
+        description="Capacity evidence records: what was configured, what was measured, "
+        "and whether that backs a lane.",
+    )
+    actions = parser.add_subparsers(dest="evidence_action", metavar="ACTION", required=True)
+
+    show = actions.add_parser("show", help="list records of a file or a store directory")
+    show.add_argument("path", metavar="FILE|DIR")
+    show.add_argument("--json", action="store_true", help="print the records as JSON")
+    show.set_defaults(func=run_show)
+
+    judge = actions.add_parser(
+        "decide", help="judge a lane of a profile against a record", epilog=DECIDE_EPILOG
+    )
+    judge.add_argument("--record", required=True, metavar="FILE")
+    judge.add_argument("--config", required=True, metavar="PROFILE.yaml")
+    judge.add_argument("--lane", required=True, choices=[c.value for c in RequestClass])
+    judge.add_argument(
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="requests in flight (default: the lane's max_in_flight)",
+    )
+    judge.add_argument(
+        "--max-input",
+        type=positive_int,
+        metavar="T",
+        help="prompt tokens (default: the lane's max_prompt_tokens)",
+    )
+    judge.add_argument(
+        "--max-output",
+        type=positive_int,
+        metavar="T",
+        help="output tokens (default: the lane's max_output_tokens)",
+    )
+    judge.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override an SLO target ({', '.join(SloTargets.model_fields)}); VALUE 'none' drops the bound",
+    )
+    judge.set_defaults(func=run_decide)
+
+    compare = actions.add_parser(
+        "diff",
+        help="changed fields and the retest triggers A's evidence fires for B",
+        epilog="exit status: 0 same content, 1 records differ, 2 unusable input",
+    )
+    compare.add_argument("a", metavar="A")
+    compare.add_argument("b", metavar="B")
+    compare.set_defaults(func=run_diff)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    try:
+        records = load_records(args.path)
+    except EvidenceError as exc:
+        return _unusable(str(exc))
+    if args.json:
+        for record in records:
+            sys.stdout.write(dump_record(record).decode())
+        return 0
+    rows = [_summary_row(r) for r in records]
+    print(render_table(SHOW_HEADER, rows))
+    return 0
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    try:
+        record = read_record(args.record)
+        cfg = load_profile(args.config)
+        slo = parse_slo(args.slo)
+        lane = cfg.lanes[RequestClass(args.lane)]
+        pool = cfg.pools[lane.pool]
+        target = _with_overrides(lane_target(lane, pool), args)
+    except (EvidenceError, ConfigError, ValueError) as exc:
+        return _unusable(str(exc))
+    decision = decide(record, target, serving_configuration(pool), slo)
+    print(render_table(("field", "value"), decision_rows(decision, target)))
+    return EXIT_CODES[decision.final_decision]
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    try:
+        a, b = read_record(args.a), read_record(args.b)
+    except EvidenceError as exc:
+        return _unusable(str(exc))
+    changes = changed_fields(a, b)
+    rows = [(c.path, _cell(c.before), _cell(c.after)) for c in changes]
+    print(render_table(("field", "A", "B"), rows) if rows else "no field differs")
+    fired = transfer_triggers(a, b)
+    print("retest triggers (A's evidence for B): " + (", ".join(fired) or "none"))
+    return 1 if changes else 0
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def parse_slo(pairs: Sequence[str]) -> SloTargets:
+    values: dict[str, str | None] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in SloTargets.model_fields:
+            raise ValueError(
+                f"--slo {pair!r}: expected KEY=VALUE, KEY one of " + ", ".join(SloTargets.model_fields)
+            )
+        values[key] = None if value.strip().lower() == "none" else value
+    try:
+        return SloTargets.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--slo: {problems}") from None
+
+
+def decision_rows(decision: Decision, target: Target) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = list(decision.fields())
+    rows += [
+        ("record_id", decision.record_id or "-"),
+        ("triggers", ", ".join(decision.triggers) or "-"),
+        ("slo_misses", ", ".join(decision.slo_misses) or "-"),
+        ("missing_identity", ", ".join(decision.missing_identity) or "-"),
+        ("target", _target_text(target)),
+    ]
+    return rows
+
+
+SHOW_HEADER = (
+    "record",
+    "measured_at",
+    "model",
+    "config",
+    "vllm",
+    "hardware",
+    "tp/pp/dp",
+    "max_len",
+    "seqs",
+    "batched",
+    "warmup",
+    "slice",
+    "p95_ttft",
+    "p95_itl",
+    "p95_e2e",
+    "tok/s",
+    "err/timeout",
+    "note",
+    "supersedes",
+)
+
+
+def _summary_row(r: CapacityEvidenceRecord) -> tuple[str, ...]:
+    knobs, sl, m = r.context.knobs, r.measured_slice, r.measurements
+    return (
+        _short(r.record_id),
+        r.measured_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        r.identity.served_model_name,
+        _short(r.identity.server_configuration_hash),
+        r.identity.vllm_version or "?",
+        r.identity.hardware_profile or "?",
+        f"{knobs.tensor_parallel_size}/{knobs.pipeline_parallel_size}/{knobs.data_parallel_size}",
+        str(knobs.max_model_len),
+        str(knobs.max_num_seqs),
+        str(knobs.max_num_batched_tokens),
+        r.context.warmup.value,
+        f"in≤{sl.input_tokens.max} out≤{sl.output_tokens.max} c≤{sl.concurrency}",
+        f"{m.ttft.p95_ms:g}",
+        f"{m.itl.p95_ms:g}",
+        f"{m.e2e.p95_ms:g}",
+        f"{m.output_tokens_per_s:g}",
+        f"{m.error_count}/{m.timeout_count}",
+        "yes" if r.security_boundary_note and r.security_boundary_note.strip() else "no",
+        _short(r.supersedes),
+    )
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+    return "\n".join(lines)
+
+
+def _with_overrides(target: Target, args: argparse.Namespace) -> Target:
+    return Target(
+        max_input_tokens=args.max_input or target.max_input_tokens,
+        max_output_tokens=args.max_output or target.max_output_tokens,
+        concurrency=args.concurrency or target.concurrency,
+    )
+
+
+def _target_text(t: Target) -> str:
+    return f"in≤{t.max_input_tokens} out≤{t.max_output_tokens} concurrency {t.concurrency}"
+
+
+def _short(digest: str | None) -> str:
+    return digest.removeprefix("sha256:")[:12] if digest else "-"
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _unusable(message: str) -> int:
+    print(f"lane-router evidence: {message}", file=sys.stderr)
+    return EXIT_UNUSABLE

@@ -1,0 +1,243 @@
+"""Capacity evidence records, v1 (SOURCES §2): what was configured and what was measured.
+
+A record is immutable: every model is frozen, mappings are read-only, and its `record_id` is
+the sha256 of its canonical JSON (orjson, sorted keys) without the id itself, so the same
+content always yields the same id whatever order its keys were written in, and any change of
+content — a different configuration, a new measurement — is a different record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Literal
+
+import orjson
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from router.config.models import RequestClass
+
+SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
+# The shares of a class mix must add up to one, give or take float rounding.
+MIX_SUM_TOLERANCE = 1e-6
+
+
+class EvidenceError(Exception):
+    """A record cannot be read, trusted or stored; the message names the file or field."""
+
+
+class RecordExistsError(EvidenceError):
+    """The store already holds a file for this record: records are never rewritten."""
+
+
+class WarmupState(StrEnum):
+    DONE = "done"
+    SKIPPED = "skipped"  # deliberately: the measurement includes cold start
+    UNKNOWN = "unknown"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Identity(Frozen):
+    """What the measured server *was*. `served_model_name` is an alias for people, never identity."""
+
+    model_revision: str | None
+    vllm_version: str | None
+    server_configuration_hash: str | None = Field(pattern=SHA256_PATTERN)
+    hardware_profile: str | None
+    served_model_name: str = Field(min_length=1)
+
+    def missing(self) -> tuple[str, ...]:
+        """The identity fields that are absent or blank: provenance is incomplete without them."""
+        values = {
+            "model_revision": self.model_revision,
+            "vllm_version": self.vllm_version,
+            "server_configuration_hash": self.server_configuration_hash,
+            "hardware_profile": self.hardware_profile,
+        }
+        return tuple(name for name, value in values.items() if not (value and value.strip()))
+
+
+class CapacityKnobs(Frozen):
+    """Every server setting that bounds capacity, as the engine ran with it."""
+
+    tensor_parallel_size: int = Field(ge=1)
+    pipeline_parallel_size: int = Field(ge=1)
+    data_parallel_size: int = Field(ge=1)
+    max_model_len: int = Field(ge=1)
+    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
+    max_num_batched_tokens: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_active_seqs: int | None = Field(None, ge=1)
+    max_num_queued_reqs: int | None = Field(None, ge=1)
+    max_num_queued_tokens: int | None = Field(None, ge=1)
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    max_num_partial_prefills: int | None = Field(None, ge=1)
+    max_long_partial_prefills: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    block_size: int = Field(16, ge=1)
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    scheduling_policy: str = "fcfs"
+    stream_interval: int = Field(1, ge=1)
+
+
+class MeasurementProtocol(Frozen):
+    tool: str
+    workload_sha256: str | None = Field(pattern=SHA256_PATTERN)
+    duration_s: float = Field(ge=0.0)
+    sample_count: int = Field(ge=0)
+
+
+class MeasurementContext(Frozen):
+    knobs: CapacityKnobs
+    warmup: WarmupState
+    protocol: MeasurementProtocol
+
+
+class TokenRange(Frozen):
+    min: int = Field(ge=0)
+    max: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TokenRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be ≤ max ({self.max})")
+        return self
+
+
+class MeasuredSlice(Frozen):
+    """The request shapes and load the measurement covered; the evidence says nothing beyond it.
+
+    `concurrency` is the highest number of requests in flight during the measurement.
+    `class_mix` maps each request class to its share of the requests (empty: not recorded).
+    """
+
+    input_tokens: TokenRange
+    output_tokens: TokenRange
+    concurrency: int = Field(ge=1)
+    class_mix: Mapping[RequestClass, float] = Field(default_factory=dict)
+
+    @field_validator("class_mix")
+    @classmethod
+    def _shares(cls, mix: Mapping[RequestClass, float]) -> Mapping[RequestClass, float]:
+        return validated_mix(mix)
+
+    @field_serializer("class_mix")
+    def _plain_mix(self, mix: Mapping[RequestClass, float]) -> dict[str, float]:
+        return {cls.value: share for cls, share in mix.items()}
+
+
+def validated_mix(mix: Mapping[RequestClass, float]) -> Mapping[RequestClass, float]:
+    """A read-only, sorted class mix whose shares lie in (0, 1] and add up to one."""
+    for cls, share in mix.items():
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share of {cls.value!r} must be in (0, 1], got {share}")
+    if mix and abs(sum(mix.values()) - 1.0) > MIX_SUM_TOLERANCE:
+        raise ValueError(f"shares must add up to 1, got {sum(mix.values())}")
+    return MappingProxyType(dict(sorted(mix.items())))
+
+
+class LatencySummary(Frozen):
+    p50_ms: float = Field(ge=0.0)
+    p95_ms: float = Field(ge=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LatencySummary:
+        if self.p50_ms > self.p95_ms:
+            raise ValueError(f"p50_ms ({self.p50_ms}) must be ≤ p95_ms ({self.p95_ms})")
+        return self
+
+
+class Measurements(Frozen):
+    ttft: LatencySummary
+    itl: LatencySummary
+    e2e: LatencySummary
+    queue_time: LatencySummary | None = None
+    output_tokens_per_s: float = Field(ge=0.0)
+    requests_per_s: float | None = Field(None, ge=0.0)
+    error_count: int = Field(ge=0)
+    timeout_count: int = Field(ge=0)
+
+
+class ServingConfiguration(Frozen):
+    """A configuration identity to hold evidence against: the current one of a pool, or a record's."""
+
+    identity: Identity
+    knobs: CapacityKnobs
+
+
+class CapacityEvidenceRecord(Frozen):
+    record_version: Literal[1] = 1
+    identity: Identity
+    context: MeasurementContext
+    measured_slice: MeasuredSlice
+    measurements: Measurements
+    measured_at: AwareDatetime
+    security_boundary_note: str | None = None
+    supersedes: str | None = Field(None, pattern=SHA256_PATTERN)
+
+    @field_validator("measured_at")
+    @classmethod
+    def _utc(cls, when: datetime) -> datetime:
+        # One spelling per instant, so the id does not depend on the writer's time zone.
+        return when.astimezone(UTC)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def record_id(self) -> str:
+        # Not cached: `model_copy` would carry a cached id over to changed content.
+        return "sha256:" + hashlib.sha256(canonical_content(self)).hexdigest()
+
+    @property
+    def configuration(self) -> ServingConfiguration:
+        return ServingConfiguration(identity=self.identity, knobs=self.context.knobs)
+
+
+def canonical_content(record: CapacityEvidenceRecord) -> bytes:
+    """The bytes `record_id` hashes: every field but the id, keys sorted, no whitespace."""
+    content = record.model_dump(mode="json", exclude={"record_id"})
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+
+
+def dump_record(record: CapacityEvidenceRecord) -> bytes:
+    """The file form: canonical key order, indented for people, with the id stated."""
+    return (
+        orjson.dumps(record.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+        + b"\n"
+    )
+
+
+def parse_record(data: bytes | str, source: str = "<record>") -> CapacityEvidenceRecord:
+    """Read a record and check that its stated `record_id` is the hash of its content."""
+    try:
+        raw: Any = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise EvidenceError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise EvidenceError(f"{source}: a record is a JSON object")
+    stated = raw.pop("record_id", None)
+    try:
+        record = CapacityEvidenceRecord.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise EvidenceError(f"{source}: invalid record: {problems}") from None
+    if stated is not None and stated != record.record_id:
+        raise EvidenceError(f"{source}: record_id {stated} does not match its content ({record.record_id})")
+    return record

@@ -1,0 +1,164 @@
+"""The `lane_router_*` metric families on the router's own registry.
+
+Labels stay bounded: class, lane, pool, backend, status and reason — never keys or request ids.
+One `Metrics` lives for the whole process, across profile reloads, so counters never reset when
+a profile is swapped."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    8.0,
+    12.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.0,
+)
+_ROUTE = ("class", "lane", "pool")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        p = "lane_router_"
+        self.requests = Counter(
+            p + "requests",
+            "Requests answered, by class, lane, pool and HTTP status.",
+            [*_ROUTE, "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Time from request arrival to the first response body byte.",
+            _ROUTE,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            p + "inter_token_latency_seconds",
+            "Gap between consecutive streamed chunks relayed to the client.",
+            _ROUTE,
+            buckets=_ITL_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            p + "request_duration_seconds",
+            "Time from request arrival to the last response byte.",
+            _ROUTE,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            p + "queue_time_seconds",
+            "Time a request waited for lane admission.",
+            ["lane"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            p + "in_flight", "Requests being proxied now.", ["lane", "pool"], registry=registry
+        )
+        self.backend_up = Gauge(
+            p + "backend_up",
+            "1 when the backend is in rotation, else 0.",
+            ["pool", "backend"],
+            registry=registry,
+        )
+        self.backend_drift = Gauge(
+            p + "backend_config_drift",
+            "1 when a live backend disagrees with its pool's declared configuration.",
+            ["pool", "backend"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            p + "upstream_errors",
+            "Failed upstream attempts, by reason.",
+            ["pool", "backend", "reason"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            p + "retries",
+            "Requests retried on another backend before the first byte.",
+            ["pool"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            p + "rejected", "Requests refused by the router, by reason.", ["reason"], registry=registry
+        )
+        self.classified = Counter(
+            p + "classified",
+            "Classification decisions, by class and signal.",
+            ["class", "reason"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            p + "client_disconnects",
+            "Clients that went away before the response ended.",
+            [*_ROUTE, "phase"],
+            registry=registry,
+        )
+        self.slow_clients = Counter(
+            p + "slow_clients", "Streams whose client fell behind upstream.", ["lane"], registry=registry
+        )
+        self.stream_buffer_bytes = Gauge(
+            p + "stream_buffer_bytes", "Bytes held for slow clients across all streams.", registry=registry
+        )
+        self.prefix_affinity_hits = Counter(
+            p + "prefix_affinity_hits",
+            "Requests sent to their prefix's preferred backend.",
+            ["pool"],
+            registry=registry,
+        )
+        self.config_reloads = Counter(
+            p + "config_reloads", "Profile reload attempts, by result.", ["result"], registry=registry
+        )
+        self.auth_failures = Counter(
+            p + "auth_failures", "Requests refused for their key, by reason.", ["reason"], registry=registry
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

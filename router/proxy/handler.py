@@ -1,0 +1,198 @@
+"""The request path of a proxied OpenAI route: key → facts → class → lane → backend → stream.
+
+While the request waits for or relays its response, a watcher listens for the client going
+away; when it does, the request task is cancelled at once, which closes the upstream connection
+(vLLM then aborts the request and frees its KV blocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from router.asgi import Message, Receive, Send
+from router.auth import ApiKey
+from router.classify import Classification, Signals, classify, parse_class_header
+from router.config.models import RequestClass
+from router.errors import NotFound, PayloadTooLarge, RouterError
+from router.facts import Endpoint, RequestFacts, parse_facts
+from router.proxy.forward import Exchange, forward
+from router.runtime import Lane, Runtime
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing more is to be sent."""
+
+
+class Headers:
+    """The few request headers the router reads, found in one pass."""
+
+    __slots__ = ("accept", "authorization", "content_length", "request_class", "request_id")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.authorization: bytes | None = None
+        self.content_length: bytes | None = None
+        self.request_id: bytes | None = None
+        self.request_class: bytes | None = None
+        self.accept: bytes | None = None
+        for name, value in raw:
+            n = name.lower()
+            if n == b"authorization":
+                self.authorization = value
+            elif n == b"content-length":
+                self.content_length = value
+            elif n == b"x-request-id":
+                self.request_id = value
+            elif n == b"x-request-class":
+                self.request_class = value
+            elif n == b"accept":
+                self.accept = value
+
+
+def request_id(supplied: bytes | None) -> bytes:
+    """The client's X-Request-Id when it is a plain visible-ASCII token, else a fresh one."""
+    if supplied and len(supplied) <= 128 and all(33 <= ch <= 126 for ch in supplied):
+        return supplied
+    return os.urandom(12).hex().encode()
+
+
+async def read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def route(runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey) -> Classification:
+    cfg = runtime.config.classify
+    seen = 0
+    fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+    if fingerprint is not None:
+        seen = runtime.prefixes.observe(fingerprint, time.monotonic())
+    signals = Signals(header_class=parse_class_header(headers.request_class), prefix_seen=seen)
+    return classify(facts, key, signals, cfg)
+
+
+def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime) -> bytes | None:
+    if lane.config.balance != "prefix_affinity" or not facts.prefix_chain:
+        return None
+    depth = -(-runtime.config.classify.repeated_prefix.min_tokens // 64)
+    return facts.prefix_chain[min(depth, len(facts.prefix_chain)) - 1]
+
+
+async def handle(
+    runtime: Runtime, endpoint: Endpoint, target: bytes, scope: Message, receive: Receive, send: Send
+) -> None:
+    headers = Headers(scope["headers"])
+    rid = request_id(headers.request_id)
+    started = time.monotonic()
+    key = runtime.keys.authenticate(headers.authorization)
+    body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
+    facts = parse_facts(endpoint, body, runtime.counter)
+    key.allow_model(facts.model)
+    if facts.model not in runtime.models:
+        raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
+    decision = route(runtime, facts, headers, key)
+    key.allow_class(decision.cls)
+    runtime.metrics.classified.labels(decision.cls.value, decision.reason.value).inc()
+    lane = runtime.lanes[decision.cls]
+    if facts.model not in lane.pool.config.models:
+        raise NotFound(
+            f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
+            code="model_not_found",
+        )
+    extra = [(b"x-request-id", rid)]
+    if runtime.config.debug_headers:
+        extra += [
+            (b"x-lane-router-class", decision.cls.value.encode()),
+            (b"x-lane-router-lane", lane.name.encode()),
+            (b"x-lane-router-reason", decision.reason.value.encode()),
+        ]
+    labels = (decision.cls.value, lane.name, lane.pool.name)
+    m = runtime.metrics
+    ex = Exchange(
+        lane=lane,
+        target=target,
+        body=body,
+        request_id=rid,
+        accept=headers.accept,
+        affinity=affinity_for(lane, facts, runtime),
+        started=started,
+        response_headers=extra,
+        observe_gap=m.itl.labels(*labels).observe,
+    )
+    await _run_watched(runtime, ex, decision.cls, receive, send, labels)
+
+
+async def _run_watched(
+    runtime: Runtime,
+    ex: Exchange,
+    cls: RequestClass,
+    receive: Receive,
+    send: Send,
+    labels: tuple[str, str, str],
+) -> None:
+    m = runtime.metrics
+    lane = ex.lane
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+    finished = False
+
+    def on_disconnect(_: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not finished:
+            gone = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    lane.in_flight += 1
+    gauge = m.in_flight.labels(lane.name, lane.pool.name)
+    gauge.inc()
+    status = "error"
+    try:
+        await forward(runtime, ex, send)
+        status = str(ex.status)
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        status = "client_disconnect"
+        phase = "stream" if ex.first_byte_at is not None else "before_first_byte"
+        m.client_disconnects.labels(*labels, phase).inc()
+    except RouterError as err:
+        status = str(err.status)
+        raise
+    finally:
+        finished = True
+        watcher.remove_done_callback(on_disconnect)
+        watcher.cancel()
+        lane.in_flight -= 1
+        gauge.dec()
+        _observe(runtime, ex, labels, status)
+
+
+def _observe(runtime: Runtime, ex: Exchange, labels: tuple[str, str, str], status: str) -> None:
+    m = runtime.metrics
+    now = time.monotonic()
+    m.requests.labels(*labels, status).inc()
+    if ex.first_byte_at is not None:
+        m.ttft.labels(*labels).observe(ex.first_byte_at - ex.started)
+        m.duration.labels(*labels).observe(now - ex.started)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,90 @@
+"""HTTP/1.1 wire details of the upstream client: origins, request heads, response framing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+# Methods whose requests carry a Content-Length even when the body is empty.
+_BODY_METHODS = frozenset((b"POST", b"PUT", b"PATCH"))
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    host: str
+    port: int
+    host_header: bytes
+
+    def __str__(self) -> str:
+        return "http://" + self.host_header.decode("ascii")
+
+
+def parse_origin(origin: str) -> Origin:
+    """`http://host[:port]` → Origin; anything else is a ValueError."""
+    parts = urlsplit(origin)
+    if parts.scheme == "https":
+        raise ValueError(f"https origins are not supported (plain HTTP/1.1 only): {origin!r}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"origin must look like http://host:port, got {origin!r}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"origin must not carry a path, query or credentials: {origin!r}")
+    host = parts.hostname
+    port = parts.port or 80
+    host_header = f"[{host}]" if ":" in host else host
+    if port != 80:
+        host_header += f":{port}"
+    return Origin(host=host, port=port, host_header=host_header.encode("ascii"))
+
+
+def build_head(
+    method: bytes,
+    target: bytes,
+    headers: Sequence[tuple[bytes, bytes]],
+    body_length: int,
+    host: bytes,
+) -> bytes:
+    """The request line and headers, ready to write.
+
+    Adds Host and Content-Length when absent and nothing else. Raises ValueError for anything
+    that would let the request's framing differ from what the caller meant: CR/LF inside a
+    field, a Content-Length that disagrees with the body, or a Transfer-Encoding header.
+    """
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    need_host = True
+    need_length = body_length > 0 or method in _BODY_METHODS
+    for name, value in headers:
+        size = len(name)
+        if size == 4 or size == 14 or size == 17:  # host, content-length, transfer-encoding
+            lname = name.lower()
+            if lname == b"host":
+                need_host = False
+            elif lname == b"content-length":
+                if not value.strip().isdigit() or int(value) != body_length:
+                    raise ValueError(f"content-length {value!r} != body length {body_length}")
+                need_length = False
+            elif lname == b"transfer-encoding":
+                raise ValueError("request bodies are sent with content-length, not transfer-encoding")
+        parts += (name, b": ", value, b"\r\n")
+    if need_host:
+        parts += (b"Host: ", host, b"\r\n")
+    if need_length:
+        parts += (b"Content-Length: ", b"%d" % body_length, b"\r\n")
+    parts.append(b"\r\n")
+    head = b"".join(parts)
+    # One scan instead of one per field: every CR/LF must be one of the line ends we wrote.
+    lines = len(headers) + need_host + need_length + 2
+    if head.count(b"\n") != lines or head.count(b"\r") != lines or b" " in target or b" " in method:
+        raise ValueError("CR, LF or space inside the request line or a header field")
+    return head
+
+
+def body_is_delimited(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a response's body length is known from its headers (else it ends at EOF)."""
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"content-length":
+            return True
+        if lname == b"transfer-encoding" and value.lower().rstrip().endswith(b"chunked"):
+            return True
+    return False

@@ -1,0 +1,363 @@
+"""The hot-path upstream client: a keep-alive HTTP/1.1 connection pool to one origin.
+
+    pool = UpstreamPool("http://127.0.0.1:8101")
+    response = await pool.request(b"POST", b"/v1/completions", headers, body)
+    try:
+        async for chunk in response:      # de-chunked body bytes, as each socket read delivers them
+            ...
+    finally:
+        await response.aclose()          # keep-alive if fully read, else the socket closes at once
+
+Plain TCP only. Idle connections are reused most-recent first, so surplus ones age out after
+`idle_expiry`; the backend closing an idle one is noticed at once and it leaves the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from router.errors import UpstreamConnectError
+from router.proxy.connection import UpstreamConnection
+from router.proxy.http1 import build_head, parse_origin
+
+# uvloop timers have millisecond resolution; an expiry timer may fire this much early.
+_TIMER_SLACK = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    open: int  # established connections: idle + in_use
+    idle: int
+    in_use: int  # leased to a request or an unfinished response
+    connecting: int
+    waiting: int  # requests waiting for a free slot
+
+
+class UpstreamPool:
+    """Keep-alive connection pool to one origin (http://host:port), HTTP/1.1 over plain TCP."""
+
+    def __init__(
+        self,
+        origin: str,
+        *,
+        max_connections: int = 1024,
+        max_idle: int = 256,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        idle_expiry: float = 30.0,
+    ) -> None:
+        if max_connections < 1 or max_idle < 0:
+            raise ValueError("max_connections must be ≥ 1 and max_idle ≥ 0")
+        if min(connect_timeout, read_timeout, idle_expiry) <= 0:
+            raise ValueError("timeouts and idle_expiry must be > 0")
+        self._origin = parse_origin(origin)
+        self._max_connections = max_connections
+        self._max_idle = max_idle
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle_expiry = idle_expiry
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: deque[UpstreamConnection] = deque()  # oldest left, most recently used right
+        self._leased: set[UpstreamConnection] = set()
+        self._connecting = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"UpstreamPool({str(self._origin)!r})"
+
+    @property
+    def origin(self) -> str:
+        return str(self._origin)
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            open=len(self._idle) + len(self._leased),
+            idle=len(self._idle),
+            in_use=len(self._leased),
+            connecting=self._connecting,
+            waiting=sum(not fut.done() for fut in self._waiters),
+        )
+
+    async def request(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> UpstreamResponse:
+        """Send the request; return once the status line and headers arrived.
+
+        Raises UpstreamConnectError (refused, connect timeout, pool exhausted, or the backend
+        closed the connection before any response byte), UpstreamTimeout (no header byte
+        within read_timeout), UpstreamProtocolError, UpstreamClosed.
+        """
+        head = build_head(method, target, headers, len(body), self._origin.host_header)
+        head_request = method == b"HEAD"
+        conn = self._lease_idle()
+        reused = conn is not None
+        if conn is None:
+            conn, reused = await self._acquire(fresh=False)
+        try:
+            return await self._exchange(conn, head, body, head_request)
+        except UpstreamConnectError:
+            if not reused:
+                raise
+            # A kept-alive connection the backend closed just as the request went out; the
+            # request most likely never reached it, so retry once on a fresh connection.
+        conn, _ = await self._acquire(fresh=True)
+        return await self._exchange(conn, head, body, head_request)
+
+    async def aclose(self) -> None:
+        """Close idle connections, abort leased ones and fail waiting requests."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        while self._idle:
+            self._retire(self._idle.popleft())
+        for conn in list(self._leased):
+            conn.abort()
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the waiter re-checks and sees the pool closed
+
+    async def __aenter__(self) -> UpstreamPool:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- leasing ---------------------------------------------------------------------------
+
+    async def _exchange(
+        self, conn: UpstreamConnection, head: bytes, body: bytes, head_request: bool
+    ) -> UpstreamResponse:
+        try:
+            conn.send(head, body, head_request=head_request)
+            await conn.wait_headers()
+        except BaseException:
+            self._release(conn)
+            raise
+        return UpstreamResponse(self, conn)
+
+    async def _acquire(self, *, fresh: bool) -> tuple[UpstreamConnection, bool]:
+        """A connection leased to the caller, and whether it was reused from the idle pool."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            if self._closed:
+                raise UpstreamConnectError(f"the connection pool for {self._origin} is closed")
+            if not fresh:
+                conn = self._lease_idle()
+                if conn is not None:
+                    return conn, True
+            if len(self._leased) + self._connecting + len(self._idle) < self._max_connections:
+                break
+            if self._idle:  # a fresh connection is wanted: make room by retiring an idle one
+                self._retire(self._idle.popleft())
+                break
+            if deadline is None:
+                deadline = loop.time() + self._connect_timeout
+            await self._wait_for_slot(loop, deadline)
+        self._connecting += 1
+        try:
+            conn = await self._connect(loop)
+        except BaseException:
+            self._connecting -= 1
+            self._wake_one()
+            raise
+        self._connecting -= 1
+        if self._closed:  # closed while connecting
+            conn.abort()
+            raise UpstreamConnectError(f"the connection pool for {self._origin} is closed")
+        self._leased.add(conn)
+        return conn, False
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> UpstreamConnection:
+        conn = UpstreamConnection(loop, self._read_timeout, self._on_conn_closed)
+        origin = self._origin
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await loop.create_connection(lambda: conn, origin.host, origin.port)
+        except TimeoutError:
+            msg = f"connecting to {origin} timed out after {self._connect_timeout:g}s"
+            raise UpstreamConnectError(msg) from None
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot connect to {origin}: {exc}") from exc
+        return conn
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                self._wake_one()  # pass on the wake-up this waiter can no longer use
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+            if isinstance(exc, TimeoutError):
+                msg = f"pool exhausted: {self._max_connections} connections to {self._origin} in use"
+                raise UpstreamConnectError(msg) from None
+            raise
+
+    def _wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    # -- returning and expiring ------------------------------------------------------------
+
+    def _release(self, conn: UpstreamConnection) -> None:
+        """Take back a leased connection: park it if reusable, otherwise close it at once."""
+        self._leased.discard(conn)
+        loop = self._loop
+        if conn.reusable and not self._closed and len(self._idle) < self._max_idle and loop:
+            now = loop.time()
+            conn.park(now)
+            conn.in_pool = True
+            self._idle.append(conn)
+            if self._sweeper is None:
+                self._sweeper = loop.call_at(now + self._idle_expiry, self._sweep)
+        else:
+            conn.abort()
+        if self._waiters:
+            self._wake_one()
+
+    def _lease_idle(self) -> UpstreamConnection | None:
+        """The most recently parked live connection, leased; closes expired ones on the way."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return None
+        idle = self._idle
+        now = loop.time()
+        while idle:
+            conn = idle.pop()
+            conn.in_pool = False
+            if conn.usable and now - conn.idle_since < self._idle_expiry:
+                self._leased.add(conn)
+                return conn
+            conn.close()
+        return None
+
+    def _retire(self, conn: UpstreamConnection) -> None:
+        conn.in_pool = False
+        conn.close()
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        loop = self._loop
+        if loop is None:
+            return
+        idle = self._idle
+        cutoff = loop.time() - self._idle_expiry + _TIMER_SLACK
+        while idle and idle[0].idle_since <= cutoff:
+            self._retire(idle.popleft())
+            self._wake_one()
+        if idle:
+            self._sweeper = loop.call_at(idle[0].idle_since + self._idle_expiry, self._sweep)
+
+    def _on_conn_closed(self, conn: UpstreamConnection) -> None:
+        if conn.in_pool:  # the backend closed a kept-alive connection
+            conn.in_pool = False
+            with contextlib.suppress(ValueError):
+                self._idle.remove(conn)
+            self._wake_one()
+
+
+class UpstreamResponse:
+    """Status and headers of an upstream response; its body is read by iterating or `read()`.
+
+    One consumer at a time. Once the body was iterated to its end the connection goes back to
+    the pool by itself; `aclose()` is still required on every other path.
+    """
+
+    __slots__ = ("_conn", "_pool", "headers", "status")
+
+    def __init__(self, pool: UpstreamPool, conn: UpstreamConnection) -> None:
+        self._pool = pool
+        self._conn: UpstreamConnection | None = conn
+        self.status: int = conn.status
+        self.headers: list[tuple[bytes, bytes]] = conn.headers  # as received, trailers dropped
+
+    @property
+    def buffered(self) -> int:
+        """Body bytes received from the backend but not yet consumed (how far the reader lags)."""
+        conn = self._conn
+        return 0 if conn is None else conn.buffered
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    def chunks(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            raise StopAsyncIteration
+        try:
+            chunk = conn.take()
+            if chunk is None:
+                chunk = await conn.next_chunk()
+        except BaseException:
+            self._release()
+            raise
+        if chunk:
+            return chunk
+        self._release()
+        raise StopAsyncIteration
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        parts = []
+        try:
+            while chunk := conn.take() or await conn.next_chunk():
+                parts.append(chunk)
+        finally:
+            self._release()
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        """Return the connection if the body was fully read and keep-alive allowed; else close it now."""
+        self._release()
+
+    async def __aenter__(self) -> UpstreamResponse:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            self._pool._release(conn)

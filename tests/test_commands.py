@@ -1,0 +1,168 @@
+"""The `check` and `hash-key` subcommands, run through the real command-line entry point."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+from router.config import load_profile, server_configuration_hash
+
+VALID = """\
+profile: class-aware
+pools:
+  interactive:
+    backends: [http://127.0.0.1:8101, http://127.0.0.1:8102]
+    model: org/chat-model
+    vllm: {version: "0.33.0", max_model_len: 8192, max_num_batched_tokens: 2048, max_num_seqs: 64}
+    admission: {max_prefilling: 8, max_long_prefilling: 2}
+  batch:
+    backends: [http://127.0.0.1:8201]
+    model: org/batch-model
+    vllm: {max_model_len: 32768, max_num_batched_tokens: 8192, max_num_seqs: 32}
+lanes:
+  chat: {pool: interactive, priority: 0}
+  rag: {pool: interactive, balance: prefix_affinity}
+  long_context: {pool: batch}
+  agent: {pool: interactive, balance: prefix_affinity}
+  batch: {pool: batch, priority: 9, max_in_flight: 4}
+  slow_stream: {pool: interactive, decouple: true}
+keys:
+  - {name: web, sha256: "%s"}
+""" % ("a" * 64)
+
+INVALID = """\
+pools:
+  batch:
+    backends: [http://127.0.0.1:8201]
+    model: m
+    vllm: {max_num_seqs: 0, max_num_batched_tokens: 0}
+lanes:
+  chat: {pool: batch, priority: 1000}
+keys:
+  - {name: web, sha256: "nothex"}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_check_valid_profile_prints_lanes_pools_and_hashes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, VALID)
+
+    assert main(["check", str(path)]) == 0
+
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "class-aware" in out
+    lines = out.splitlines()
+    for cls, pool_name in [
+        ("chat", "interactive"),
+        ("rag", "interactive"),
+        ("long_context", "batch"),
+        ("agent", "interactive"),
+        ("batch", "batch"),
+        ("slow_stream", "interactive"),
+    ]:
+        assert any(line.split()[:2] == [cls, pool_name] for line in lines if line.strip()), cls
+    cfg = load_profile(path)
+    hash_lines = [line.strip() for line in lines if "server_configuration_hash=" in line]
+    assert len(hash_lines) == len(cfg.pools) == 2
+    for pool in cfg.pools.values():
+        expected = f"server_configuration_hash={server_configuration_hash(pool.vllm, pool.model)}"
+        assert expected in hash_lines
+    assert all(re.fullmatch(r"server_configuration_hash=sha256:[0-9a-f]{64}", h) for h in hash_lines)
+    assert "org/chat-model" in out and "org/batch-model" in out
+
+
+def test_check_invalid_profile_lists_every_error_path_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, INVALID)
+
+    assert main(["check", str(path)]) == 2
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "pools.batch.vllm.max_num_seqs: must be ≥ 1" in err
+    assert "pools.batch.vllm.max_num_batched_tokens: must be ≥ 1" in err
+    assert "lanes.chat.priority: must be ≤ 100" in err
+    assert "keys[0].sha256:" in err
+    assert str(path) in err
+
+
+def test_check_reports_cross_check_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = VALID.replace("  rag: {pool: interactive, balance: prefix_affinity}\n", "").replace(
+        "long_context: {pool: batch}", "long_context: {pool: nowhere}"
+    )
+
+    assert main(["check", str(write(tmp_path, text))]) == 2
+
+    err = capsys.readouterr().err
+    assert "lanes.rag: missing" in err
+    assert "lanes.long_context.pool:" in err
+
+
+def test_check_yaml_error_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(write(tmp_path, "pools: [unclosed\n"))]) == 2
+    assert re.search(r"line \d+, column \d+: invalid YAML", capsys.readouterr().err)
+
+    assert main(["check", str(tmp_path / "absent.yaml")]) == 2
+    assert "(file)" in capsys.readouterr().err
+
+
+def test_hash_key_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hash-key", "lr-secret"]) == 0
+
+    assert capsys.readouterr().out.strip() == hashlib.sha256(b"lr-secret").hexdigest()
+
+
+def test_hash_key_new_prints_a_key_and_its_matching_hash(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hash-key", "--new"]) == 0
+
+    fields = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines() if line.strip())
+    key, digest = fields["key"].strip(), fields["sha256"].strip()
+    assert len(key) >= 32
+    assert digest == hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_hash_key_new_differs_each_time(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["hash-key", "--new"])
+    first = capsys.readouterr().out
+    main(["hash-key", "--new"])
+
+    assert capsys.readouterr().out != first
+
+
+def test_hash_key_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("lr-from-stdin\n"))
+
+    assert main(["hash-key"]) == 0
+
+    assert capsys.readouterr().out.strip() == hashlib.sha256(b"lr-from-stdin").hexdigest()
+
+
+def test_hash_key_refuses_an_empty_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+
+    assert main(["hash-key"]) == 2
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "empty" in err
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "check" in capsys.readouterr().out
