@@ -15,6 +15,7 @@ from router import admin
 from router.asgi import Message, Receive, Send, send_bytes, send_json
 from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
 from router.metrics import CONTENT_TYPE
+from router.proxy.forward import ResponseAborted
 from router.proxy.handler import ClientGone, Headers, handle
 from router.state import RouterState
 
@@ -84,6 +85,9 @@ ROUTES: dict[bytes, dict[str, Handler]] = {
 }
 
 
+_INTERNAL = {"error": {"message": "internal router error", "type": "server_error", "code": "internal_error"}}
+
+
 class LaneRouterApp:
     def __init__(self, state: RouterState, lifespan: Callable[[], Any] | None = None) -> None:
         self.state = state
@@ -97,13 +101,8 @@ class LaneRouterApp:
             await self._run_lifespan(receive, send)
 
     async def _http(self, scope: Message, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
+        # Every RouterError is raised before a response starts: failures after the first byte
+        # are answered in-stream by the relay, or end as ResponseAborted.
         try:
             methods = ROUTES.get(scope.get("raw_path") or scope["path"].encode())
             if methods is None:
@@ -113,29 +112,26 @@ class LaneRouterApp:
                 raise MethodNotAllowed(
                     f"use {' or '.join(methods)} on this route", headers={"allow": ", ".join(methods)}
                 )
-            await handler(self.state, scope, receive, tracking_send)
+            await handler(self.state, scope, receive, send)
         except ClientGone:
             return
         except RouterError as err:
-            if started:
-                raise
             self._count(err)
             await send_json(send, err.status, err.envelope(), err.headers())
-        except Exception:
-            if started:
-                raise
-            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            await send_json(
-                send,
-                500,
-                {
-                    "error": {
-                        "message": "internal router error",
-                        "type": "server_error",
-                        "code": "internal_error",
-                    }
-                },
+        except ResponseAborted as err:
+            log.warning(
+                "%s %s: response cut short, dropping the client connection: %s",
+                scope["method"],
+                scope["path"],
+                err,
             )
+            raise
+        except Exception as exc:
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            try:
+                await send_json(send, 500, _INTERNAL)
+            except RuntimeError:
+                raise exc from None
 
     def _count(self, err: RouterError) -> None:
         m = self.state.metrics

@@ -160,5 +160,60 @@ class Metrics:
             p + "auth_failures", "Requests refused for their key, by reason.", ["reason"], registry=registry
         )
 
+        self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
+        self._classified: dict[tuple[str, str], Counter] = {}
+
+    def classified_child(self, cls: str, reason: str) -> Counter:
+        found = self._classified.get((cls, reason))
+        if found is None:
+            found = self._classified[(cls, reason)] = self.classified.labels(cls, reason)
+        return found
+
+    def route(self, cls: str, lane: str, pool: str) -> RouteMetrics:
+        """The children of one class × lane × pool, bound once: `labels()` costs more than the
+        observation itself, and the hot path observes several per request."""
+        key = (cls, lane, pool)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._routes[key] = RouteMetrics(self, key)
+        return found
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RouteMetrics:
+    __slots__ = (
+        "_disconnects",
+        "_metrics",
+        "_requests",
+        "classified",
+        "duration",
+        "in_flight",
+        "itl",
+        "key",
+        "ttft",
+    )
+
+    def __init__(self, metrics: Metrics, key: tuple[str, str, str]) -> None:
+        _, lane, pool = key
+        self._metrics = metrics
+        self.key = key
+        self.ttft = metrics.ttft.labels(*key)
+        self.itl = metrics.itl.labels(*key)
+        self.duration = metrics.duration.labels(*key)
+        self.in_flight = metrics.in_flight.labels(lane, pool)
+        self._requests: dict[str, Counter] = {}
+        self._disconnects: dict[str, Counter] = {}
+
+    def request_done(self, status: str) -> None:
+        child = self._requests.get(status)
+        if child is None:
+            child = self._requests[status] = self._metrics.requests.labels(*self.key, status)
+        child.inc()
+
+    def disconnected(self, phase: str) -> None:
+        child = self._disconnects.get(phase)
+        if child is None:
+            child = self._disconnects[phase] = self._metrics.client_disconnects.labels(*self.key, phase)
+        child.inc()

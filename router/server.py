@@ -118,6 +118,8 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "access_log": settings.access_log,
         "log_level": settings.log_level,
         "server_header": False,
+        # The router is the edge; it does not trust X-Forwarded-* from clients (and skips a layer).
+        "proxy_headers": False,
         "timeout_graceful_shutdown": settings.graceful_shutdown_s,
         "backlog": 4096,
     }

@@ -158,11 +158,23 @@ class UpstreamConnection(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
 
+    @property
+    def drained(self) -> bool:
+        """The whole body arrived and the consumer has taken all of it."""
+        return self._state == DONE and not self._body and self._exc is None
+
     def take(self) -> bytes | None:
-        """The next body chunk; b"" at the end of the body; None if the consumer must wait."""
+        """Every body byte received so far, as one chunk; b"" at the end of the body; None if
+        the consumer must wait. One socket read often carries many chunked-encoding pieces
+        (dozens of SSE events under load): handing them over together costs the relay one
+        write per read instead of one per piece."""
         body = self._body
         if body:
-            chunk = body.popleft()
+            if len(body) == 1:
+                chunk = body.popleft()
+            else:
+                chunk = b"".join(body)
+                body.clear()
             self._buffered -= len(chunk)
             if self._paused and self._buffered <= LOW_WATER:
                 self._resume()

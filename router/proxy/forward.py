@@ -129,6 +129,7 @@ async def _relay(ex: Exchange, response: UpstreamResponse, send: Send) -> None:
     observe_gap = ex.observe_gap
     monotonic = time.monotonic
     last = 0.0
+    more = True
     try:
         async for chunk in response:
             now = monotonic()
@@ -137,11 +138,18 @@ async def _relay(ex: Exchange, response: UpstreamResponse, send: Send) -> None:
             elif is_sse:
                 observe_gap(now - last)
             last = now
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            more = not response.at_end
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
     except UpstreamError as err:
         if not is_sse:
             # A JSON body cut short cannot be mended; dropping the connection tells the client.
-            raise
+            raise ResponseAborted(str(err)) from err
         await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
         return
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if more:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ResponseAborted(Exception):
+    """The response had started when the backend failed and cannot be ended cleanly: the
+    server must drop the client connection (the only signal left for a cut-short body)."""

@@ -13,11 +13,13 @@ import time
 from router.asgi import Message, Receive, Send
 from router.auth import ApiKey
 from router.classify import Classification, Signals, classify, parse_class_header
-from router.config.models import RequestClass
 from router.errors import NotFound, PayloadTooLarge, RouterError
 from router.facts import Endpoint, RequestFacts, parse_facts
+from router.metrics import RouteMetrics
 from router.proxy.forward import Exchange, forward
 from router.runtime import Lane, Runtime
+
+WATCH_AFTER_S = 0.02
 
 
 class ClientGone(Exception):
@@ -105,7 +107,7 @@ async def handle(
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
     decision = route(runtime, facts, headers, key)
     key.allow_class(decision.cls)
-    runtime.metrics.classified.labels(decision.cls.value, decision.reason.value).inc()
+    runtime.metrics.classified_child(decision.cls.value, decision.reason.value).inc()
     lane = runtime.lanes[decision.cls]
     if facts.model not in lane.pool.config.models:
         raise NotFound(
@@ -119,8 +121,7 @@ async def handle(
             (b"x-lane-router-lane", lane.name.encode()),
             (b"x-lane-router-reason", decision.reason.value.encode()),
         ]
-    labels = (decision.cls.value, lane.name, lane.pool.name)
-    m = runtime.metrics
+    rm = runtime.metrics.route(decision.cls.value, lane.name, lane.pool.name)
     ex = Exchange(
         lane=lane,
         target=target,
@@ -130,20 +131,14 @@ async def handle(
         affinity=affinity_for(lane, facts, runtime),
         started=started,
         response_headers=extra,
-        observe_gap=m.itl.labels(*labels).observe,
+        observe_gap=rm.itl.observe,
     )
-    await _run_watched(runtime, ex, decision.cls, receive, send, labels)
+    await _run_watched(runtime, ex, rm, receive, send)
 
 
 async def _run_watched(
-    runtime: Runtime,
-    ex: Exchange,
-    cls: RequestClass,
-    receive: Receive,
-    send: Send,
-    labels: tuple[str, str, str],
+    runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send
 ) -> None:
-    m = runtime.metrics
     lane = ex.lane
     task = asyncio.current_task()
     assert task is not None
@@ -156,11 +151,18 @@ async def _run_watched(
             gone = True
             task.cancel()
 
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    watcher.add_done_callback(on_disconnect)
+    watcher: asyncio.Task[None] | None = None
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher.add_done_callback(on_disconnect)
+
+    # Most requests end before a watcher task would pay off; one starts only if this one runs
+    # longer than WATCH_AFTER_S, which bounds how late a disconnect can be noticed.
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
     lane.in_flight += 1
-    gauge = m.in_flight.labels(lane.name, lane.pool.name)
-    gauge.inc()
+    rm.in_flight.inc()
     status = "error"
     try:
         await forward(runtime, ex, send)
@@ -171,26 +173,26 @@ async def _run_watched(
         task.uncancel()
         status = "client_disconnect"
         phase = "stream" if ex.first_byte_at is not None else "before_first_byte"
-        m.client_disconnects.labels(*labels, phase).inc()
+        rm.disconnected(phase)
     except RouterError as err:
         status = str(err.status)
         raise
     finally:
         finished = True
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.remove_done_callback(on_disconnect)
+            watcher.cancel()
         lane.in_flight -= 1
-        gauge.dec()
-        _observe(runtime, ex, labels, status)
+        rm.in_flight.dec()
+        _observe(ex, rm, status)
 
 
-def _observe(runtime: Runtime, ex: Exchange, labels: tuple[str, str, str], status: str) -> None:
-    m = runtime.metrics
-    now = time.monotonic()
-    m.requests.labels(*labels, status).inc()
+def _observe(ex: Exchange, rm: RouteMetrics, status: str) -> None:
+    rm.request_done(status)
     if ex.first_byte_at is not None:
-        m.ttft.labels(*labels).observe(ex.first_byte_at - ex.started)
-        m.duration.labels(*labels).observe(now - ex.started)
+        rm.ttft.observe(ex.first_byte_at - ex.started)
+        rm.duration.observe(time.monotonic() - ex.started)
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -301,6 +301,13 @@ class UpstreamResponse:
         self.headers: list[tuple[bytes, bytes]] = conn.headers  # as received, trailers dropped
 
     @property
+    def at_end(self) -> bool:
+        """Nothing more will come: the chunk just taken was the body's last (lets a relay mark
+        its final write as final instead of sending an empty one after it)."""
+        conn = self._conn
+        return conn is None or conn.drained
+
+    @property
     def buffered(self) -> int:
         """Body bytes received from the backend but not yet consumed (how far the reader lags)."""
         conn = self._conn
