@@ -34,3 +34,14 @@ async def send_json(
     send: Send, status: int, payload: Any, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     await send_bytes(send, status, orjson.dumps(payload), b"application/json", headers)
+
+
+async def answer_lifespan(receive: Receive, send: Send) -> None:
+    """The lifespan protocol for an app with nothing to start or stop."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

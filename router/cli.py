@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "router.bench.cli",
     "router.evidence.cli",
     "router.sim.cli",
+    "router.deploy.cli",
 )
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import BadRequest
-from router.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from router.tokens import CHARS_PER_TOKEN, TokenCounter, message_text
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 
@@ -60,7 +60,7 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: TokenCounter) -> Reque
     max_tokens = _max_tokens(data)
     if endpoint == "chat":
         text, roles, tool_messages = _chat_prompt(data)
-        prompt_tokens = counter.count(text) + MESSAGE_OVERHEAD_TOKENS * len(roles)
+        prompt_tokens = sum(counter.count(message_text(m)) for m in data["messages"])
     else:
         key = "prompt" if endpoint == "completions" else "input"
         text, prompt_tokens = _plain_prompt(data, key, counter)

@@ -20,9 +20,9 @@ from router.tokens import (
 
 @pytest.mark.parametrize(
     ("text", "tokens"),
-    [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("x" * 400, 100), ("x" * 401, 101)],
+    [("", 1), ("a", 1), ("abcd", 1), ("abcde", 1), ("abcdefgh", 2), ("x" * 400, 100), ("x" * 403, 100)],
 )
-def test_estimate_rounds_characters_up_to_whole_tokens(text: str, tokens: int) -> None:
+def test_estimate_is_a_quarter_of_the_characters_and_at_least_one(text: str, tokens: int) -> None:
     assert CHARS_PER_TOKEN == 4
     assert estimate_text_tokens(text) == tokens
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from router.asgi import Receive, Scope, Send
+from router.asgi import Receive, Scope, Send, answer_lifespan
 
 
 @dataclass
@@ -54,7 +54,7 @@ class FakeBackend:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         body = await _read_body(receive)
         path, method = scope["path"], scope["method"]
@@ -204,16 +204,6 @@ def _models(model: str) -> bytes:
             "data": [{"id": model, "object": "model", "owned_by": "fake", "max_model_len": 2048}],
         }
     )
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 def main(argv: list[str] | None = None) -> None:

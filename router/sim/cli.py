@@ -1,0 +1,228 @@
+"""`lane-router sim …`: run simulated vLLM servers, or calibrate a preset against a real one."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from router.sim.kv import LAYOUTS
+
+DEFAULT_PRESET = "h100-llama3-8b"
+
+# vLLM-style flags and the EngineConfig field each one sets.
+_INT_FLAGS = {
+    "--max-model-len": "max_model_len",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-num-seqs": "max_num_seqs",
+    "--long-prefill-token-threshold": "long_prefill_token_threshold",
+    "--stream-interval": "stream_interval",
+    "--max-num-partial-prefills": "max_num_partial_prefills",
+    "--max-long-partial-prefills": "max_long_partial_prefills",
+    "--max-num-queued-reqs": "max_num_queued_reqs",
+    "--block-size": "block_size",
+    "--num-gpu-blocks-override": "num_gpu_blocks",
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        help="run simulated vLLM servers (or `sim calibrate`)",
+        description="Serve simulated vLLM engines: one per --port/--ports, or every backend of a "
+        "profile's pools with --config. Engine flags follow `vllm serve`.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, help="one server on this port")
+    p.add_argument("--ports", help="several servers, e.g. 8101-8108 or 8101,8102")
+    p.add_argument("--config", type=Path, help="a router profile: serve all of its backends")
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        help=f"timing and hardware preset, a name or a .yaml file (default {DEFAULT_PRESET})",
+    )
+    p.add_argument("--served-model-name", nargs="+", help="model names (default: the preset's)")
+    p.add_argument("--api-key", help="require this key on /v1 routes, as vLLM does")
+    for flag, field in _INT_FLAGS.items():
+        p.add_argument(flag, dest=field, type=int)
+    p.add_argument(
+        "--enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+    )
+    p.add_argument(
+        "--enable-chunked-prefill",
+        dest="enable_chunked_prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+    )
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    p.add_argument("--kv-layout", choices=LAYOUTS, help="KV block allocation layout")
+    p.add_argument("--vllm-version", dest="version", help="version reported on /version")
+    p.set_defaults(func=cmd_serve)
+    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the step-time model to a running vLLM and write a preset",
+        description="Send probe requests to an OpenAI-compatible server, fit the step-time "
+        "coefficients and write a preset file usable with --preset.",
+    )
+    cal.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    cal.add_argument("--api-key", dest="cal_api_key")
+    cal.add_argument("--model", help="model name (default: the first of /v1/models)")
+    cal.add_argument("--out", type=Path, required=True, help="preset file to write")
+    cal.add_argument("--name", help="preset name (default: the file's stem)")
+    cal.add_argument("--quick", action="store_true", help="fewer, shorter probes")
+    cal.set_defaults(func=cmd_calibrate)
+    cmp_ = sub.add_parser(
+        "compare",
+        help="run one mixed workload against a real vLLM and a simulator, compare",
+        description="Send the same seeded mixed workload to both servers; compare TTFT/ITL "
+        "p50/p95 (within 25 %% by default) and prefix-cache hit rate (10 points). "
+        "Exit 0 when every metric is within tolerance.",
+    )
+    cmp_.add_argument("--real", required=True, help="base URL of the real vLLM")
+    cmp_.add_argument("--sim", required=True, help="base URL of the simulator")
+    cmp_.add_argument("--real-api-key")
+    cmp_.add_argument("--sim-api-key")
+    cmp_.add_argument("--requests", type=int, default=60)
+    cmp_.add_argument("--concurrency", type=int, default=4)
+    cmp_.add_argument("--max-model-len", type=int, default=2048)
+    cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.set_defaults(func=cmd_compare)
+
+
+def parse_ports(text: str) -> list[int]:
+    ports: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        ports.extend(range(int(lo), int(hi or lo) + 1))
+    if not ports:
+        raise ValueError(f"no ports in {text!r}")
+    return ports
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    names = [
+        *_INT_FLAGS.values(),
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "scheduling_policy",
+        "kv_layout",
+        "version",
+    ]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def build_specs(args: argparse.Namespace) -> list[Any]:
+    from router.sim.profile import engine_config
+    from router.sim.serve import EngineSpec
+    from router.sim.server import ServerSettings
+    from router.sim.timing import load_preset
+
+    preset = load_preset(args.preset)
+    if args.config is not None:
+        from router.config.load import load_profile
+        from router.sim.profile import profile_specs
+
+        return profile_specs(load_profile(args.config), preset, **_overrides(args))
+    if args.port is None and args.ports is None:
+        raise ValueError("give --port, --ports or --config")
+    ports = [args.port] if args.port is not None else parse_ports(args.ports)
+    config = engine_config(preset, {}, **_overrides(args))
+    names = tuple(args.served_model_name or (preset.model,))
+    settings = ServerSettings(served_model_names=names, api_key=args.api_key)
+    return [
+        EngineSpec(port=p, config=config, timing=preset.timing, settings=settings, host=args.host)
+        for p in ports
+    ]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from router.config.load import ConfigError
+
+    try:
+        specs = build_specs(args)
+    except (ValueError, OSError, ConfigError) as err:
+        print(f"lane-router sim: {err}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve(specs))
+    except OSError as err:
+        print(f"lane-router sim: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: its socket writes cost a fraction of asyncio's per SSE chunk."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+async def _serve(specs: list[Any]) -> None:
+    from router.sim.serve import SimCluster
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with SimCluster(specs) as cluster:
+        for spec, url in zip(specs, cluster.urls, strict=True):
+            names = ",".join(spec.settings.served_model_names)
+            print(f"simulated vLLM {spec.config.version} at {url} serving {names}", flush=True)
+        await stop.wait()
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from router.sim.calibrate import CalibrationError, calibrate_to_file
+
+    try:
+        preset = asyncio.run(
+            calibrate_to_file(
+                args.url,
+                args.out,
+                api_key=args.cal_api_key,
+                model=args.model,
+                name=args.name or args.out.stem,
+                quick=args.quick,
+            )
+        )
+    except CalibrationError as err:
+        print(f"lane-router sim calibrate: {err}", file=sys.stderr)
+        return 1
+    t = preset.timing
+    print(
+        f"wrote {args.out}: c0={t.c0:.6g} c_prefill={t.c_prefill:.6g} "
+        f"c_decode={t.c_decode:.6g} c_ctx={t.c_ctx:.6g} frontend_s={t.frontend_s:.6g}"
+    )
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from router.sim.compare import compare, format_checks, mixed_workload, run_workload
+
+    bodies = mixed_workload(args.requests, seed=args.seed, max_model_len=args.max_model_len)
+
+    async def both() -> list[Any]:
+        real = await run_workload(args.real, bodies, concurrency=args.concurrency, api_key=args.real_api_key)
+        sim = await run_workload(args.sim, bodies, concurrency=args.concurrency, api_key=args.sim_api_key)
+        return compare(real, sim)
+
+    try:
+        checks = asyncio.run(both())
+    except (OSError, RuntimeError, ValueError) as err:
+        print(f"lane-router sim compare: {err}", file=sys.stderr)
+        return 1
+    print(format_checks(checks))
+    return 0 if all(c.ok for c in checks) else 1

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.sim.calibrate import (
+    CalibrationError,
+    Measurements,
+    calibrate_to_file,
+    fit,
+    least_squares,
+    nonnegative_least_squares,
+)
+from router.sim.config import EngineConfig
+from router.sim.serve import EngineSpec, SimCluster
+from router.sim.server import ServerSettings
+from router.sim.timing import StepTimeModel, load_preset
+
+TRUE = StepTimeModel(c0=0.015, c_prefill=4e-5, c_decode=0.002, c_ctx=2e-6, frontend_s=0.006)
+
+
+def test_least_squares_recovers_exact_coefficients() -> None:
+    rows = [[1.0, x, x * x] for x in (0.0, 1.0, 2.0, 5.0)]
+    ys = [3 + 2 * x - 0.5 * x * x for _, x, _ in rows]
+    assert least_squares(rows, ys) == pytest.approx([3, 2, -0.5])
+    assert nonnegative_least_squares(rows, ys)[2] == 0.0
+
+
+def test_fit_inverts_the_model_on_exact_points() -> None:
+    m = Measurements(model="m", max_model_len=4096)
+    for b, ctx in ((1, 50), (4, 50), (16, 50), (8, 1000)):
+        m.decode.append((b, ctx, TRUE.step_time(0, b, b * ctx)))
+    for p in (16, 256, 1024):
+        m.prefill.append((p, TRUE.frontend_s + TRUE.step_time(p, 0, p)))
+    got = fit(m)
+    for name in ("c0", "c_prefill", "c_decode", "c_ctx", "frontend_s"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+
+
+def test_fit_refuses_too_few_points() -> None:
+    with pytest.raises(CalibrationError):
+        fit(Measurements(model="m", max_model_len=4096))
+
+
+async def test_calibrating_against_a_simulated_server_recovers_its_timing(tmp_path: Path) -> None:
+    config = EngineConfig(
+        max_model_len=4096,
+        max_num_batched_tokens=4096,
+        max_num_seqs=64,
+        num_gpu_blocks=3000,
+        version="0.31.1",
+    )
+    spec = EngineSpec(
+        port=0,
+        config=config,
+        timing=TRUE,
+        settings=ServerSettings(served_model_names=("probe-model",), api_key="k"),
+    )
+    out = tmp_path / "fitted.yaml"
+    async with SimCluster([spec]) as cluster:
+        preset = await calibrate_to_file(cluster.urls[0], out, api_key="k", name="fitted", quick=True)
+    got = preset.timing
+    assert got.c0 == pytest.approx(TRUE.c0, rel=0.25)
+    assert got.c_decode == pytest.approx(TRUE.c_decode, rel=0.25)
+    assert got.c_ctx == pytest.approx(TRUE.c_ctx, rel=0.5)
+    # Prefill and frontend share the TTFT line; check the line. Client-side scheduling noise
+    # on a busy machine lands in the intercept, hence the small absolute allowance.
+    for p in (16, 1024):
+        want = TRUE.frontend_s + TRUE.step_time(p, 0, p)
+        assert abs(got.frontend_s + got.step_time(p, 0, p) - want) <= 0.2 * want + 0.008
+    # The written file is a loadable preset that carries the server's own facts.
+    loaded = load_preset(str(out))
+    assert loaded.name == "fitted" and loaded.model == "probe-model"
+    assert loaded.engine.max_model_len == 4096 and loaded.engine.num_gpu_blocks == 3000
+    assert loaded.engine.version == "0.31.1"
+    assert loaded.timing == got
