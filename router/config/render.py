@@ -7,6 +7,7 @@ The same arguments start the real servers of the test suite and the rendered dep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from router.config.models import PoolConfig
 from router.config.vllm import PARTIAL_PREFILL_REMOVED_IN, VllmSettings
@@ -57,11 +58,13 @@ _ADDED_IN = {
 _GPU_ONLY = frozenset({"gpu_memory_utilization"})
 
 
-def vllm_serve_args(v: VllmSettings, *, served_model: str, device: str = "gpu") -> Rendered:
+Device = Literal["gpu", "cpu"]
+
+
+def vllm_serve_args(v: VllmSettings, *, served_model: str, device: Device = "gpu") -> Rendered:
     """Scheduler and capacity flags only: the model path, host, port and key are the launcher's."""
     version = v.version_tuple
     args: list[str] = ["--served-model-name", served_model]
-    notes: list[str] = []
     for field, flag in _FLAGS:
         value = getattr(v, field)
         if value is None or (field in _GPU_ONLY and device == "cpu"):
@@ -79,17 +82,24 @@ def vllm_serve_args(v: VllmSettings, *, served_model: str, device: str = "gpu") 
         if version >= PARTIAL_PREFILL_REMOVED_IN:
             raise RenderError(f"{field}: {flag} was removed in vLLM 0.27 (pool declares {v.version})")
         args += [flag, str(value)]
-    if version >= PARTIAL_PREFILL_REMOVED_IN:
-        notes.append(
-            f"vLLM {v.version} has no partial-prefill flags: the router's pool admission "
-            "(max_prefilling / max_long_prefilling) enforces the chunked-prefill rule instead"
-        )
     args += list(v.extra_args)
-    return Rendered(tuple(args), tuple(notes))
+    return Rendered(tuple(args), ())
 
 
-def pool_serve_args(pool: PoolConfig, *, device: str = "gpu") -> Rendered:
+def pool_serve_args(pool: PoolConfig, *, device: Device = "gpu") -> Rendered:
     rendered = vllm_serve_args(pool.vllm, served_model=pool.model, device=device)
+    if pool.vllm.version_tuple >= PARTIAL_PREFILL_REMOVED_IN:
+        if pool.admission.max_prefilling is not None:
+            note = (
+                f"vLLM {pool.vllm.version} has no partial-prefill flags: the router's pool admission "
+                "(max_prefilling / max_long_prefilling) enforces the chunked-prefill rule instead"
+            )
+        else:
+            note = (
+                f"vLLM {pool.vllm.version} has no partial-prefill flags and the pool sets no "
+                "admission.max_prefilling: nothing bounds concurrent long prefills"
+            )
+        rendered = Rendered(rendered.args, (*rendered.notes, note))
     if pool.aliases:
         # --served-model-name takes every name at once; the first is the canonical one.
         args = list(rendered.args)

