@@ -23,6 +23,18 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--host", help="listen address (default: $LANE_ROUTER_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: $LANE_ROUTER_PORT or 8080)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--require-evidence",
+        type=Path,
+        metavar="DIR",
+        help="refuse to start unless every lane's capacity evidence in DIR decides PASS",
+    )
+    serve.add_argument(
+        "--allow-conditional",
+        action="store_true",
+        help="with --require-evidence: also admit CONDITIONAL (e.g. no security boundary note)",
+    )
+    _slo_option(serve)
     serve.set_defaults(func=cmd_serve)
 
     check = subparsers.add_parser(
@@ -31,6 +43,13 @@ def register(subparsers: Any) -> None:
         description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path.",
     )
     check.add_argument("file", type=Path)
+    check.add_argument(
+        "--evidence",
+        type=Path,
+        metavar="DIR",
+        help="also print, per lane, the capacity-evidence decision for the lane's target",
+    )
+    _slo_option(check)
     check.set_defaults(func=cmd_check)
 
     hk = subparsers.add_parser(
@@ -42,6 +61,26 @@ def register(subparsers: Any) -> None:
     hk.add_argument("key", nargs="?", help="the key (omit to read it from stdin, safer than argv)")
     hk.add_argument("--new", action="store_true", help="generate a new random key")
     hk.set_defaults(func=cmd_hash_key)
+
+
+def _slo_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="SLO bound the evidence must meet, e.g. p95_ttft_ms=1000 (see `evidence decide -h`)",
+    )
+
+
+def _evidence_gate(cfg: ProfileConfig, args: argparse.Namespace, directory: Path) -> tuple[str, bool]:
+    from router.evidence.cli import parse_slo
+    from router.evidence.gate import admitted, lane_verdicts, verdict_table
+
+    verdicts = lane_verdicts(cfg, directory, parse_slo(args.slo))
+    return verdict_table(verdicts), admitted(
+        verdicts, allow_conditional=getattr(args, "allow_conditional", False)
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -59,6 +98,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if v is not None
     }
     settings = Settings(**overrides)
+    if args.require_evidence is not None:
+        refused = _refuse_without_evidence(settings.config, args)
+        if refused is not None:
+            return refused
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -73,6 +116,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_without_evidence(config: Path | None, args: argparse.Namespace) -> int | None:
+    if config is None:
+        print("lane-router serve: --require-evidence needs a profile file (--config)", file=sys.stderr)
+        return 2
+    try:
+        table, ok = _evidence_gate(load_profile(config), args, args.require_evidence)
+    except (ConfigError, ValueError, OSError) as err:
+        print(f"lane-router serve: {err}", file=sys.stderr)
+        return 2
+    if ok:
+        print(table)
+        return None
+    wanted = "PASS or CONDITIONAL" if args.allow_conditional else "PASS"
+    print(
+        f"lane-router serve: refusing to start: every lane must be {wanted} on the evidence in "
+        f"{args.require_evidence}\n{table}",
+        file=sys.stderr,
+    )
+    return 3
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     try:
         cfg = load_profile(args.file)
@@ -80,6 +144,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print(describe(cfg))
+    if args.evidence is not None:
+        try:
+            table, _ = _evidence_gate(cfg, args, args.evidence)
+        except (ValueError, OSError) as err:
+            print(f"lane-router check: {err}", file=sys.stderr)
+            return 2
+        print("\nevidence:\n" + table)
     return 0
 
 

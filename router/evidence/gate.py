@@ -1,0 +1,53 @@
+"""Evidence as a gate on a profile: the per-lane decisions `check --evidence` prints and
+`serve --require-evidence` insists on before the router starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from router.config.models import ProfileConfig, RequestClass
+from router.evidence.decide import Decision, FinalDecision
+from router.evidence.profile import decide_profile, lane_target
+from router.evidence.store import load_records
+from router.evidence.targets import SloTargets, Target
+
+
+@dataclass(frozen=True, slots=True)
+class LaneVerdict:
+    cls: RequestClass
+    pool: str
+    target: Target
+    decision: Decision
+
+
+def lane_verdicts(cfg: ProfileConfig, evidence: Path, slo: SloTargets) -> list[LaneVerdict]:
+    decisions = decide_profile(cfg, load_records(evidence), slo)
+    return [
+        LaneVerdict(cls, lane.pool, lane_target(lane, cfg.pools[lane.pool]), decisions[cls])
+        for cls, lane in cfg.lanes.items()
+    ]
+
+
+def admitted(verdicts: list[LaneVerdict], *, allow_conditional: bool) -> bool:
+    accepted = {FinalDecision.PASS} | ({FinalDecision.CONDITIONAL} if allow_conditional else set())
+    return all(v.decision.final_decision in accepted for v in verdicts)
+
+
+def verdict_table(verdicts: list[LaneVerdict]) -> str:
+    from router.evidence.cli import render_table
+
+    header = ("lane", "pool", "target", "decision", "reason", "retest triggers", "record")
+    rows = [
+        (
+            v.cls.value,
+            v.pool,
+            f"in≤{v.target.max_input_tokens} out≤{v.target.max_output_tokens} c≤{v.target.concurrency}",
+            v.decision.final_decision.value,
+            v.decision.reason_class.value,
+            ",".join(t.value for t in v.decision.triggers) or "-",
+            (v.decision.record_id or "-").removeprefix("sha256:")[:12],
+        )
+        for v in verdicts
+    ]
+    return render_table(header, rows)

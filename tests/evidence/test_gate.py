@@ -1,0 +1,79 @@
+"""`check --evidence` and `serve --require-evidence`: evidence gating a whole profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from router.cli import main
+from router.config.vllm import VllmSettings
+from router.evidence.example import config_a, config_b, example_profile_data, record_a
+from router.evidence.store import EvidenceStore
+
+
+def _write_profile(tmp_path: Path, settings: VllmSettings, in_flight: int) -> Path:
+    data = example_profile_data(settings, max_in_flight=in_flight, max_prompt=2048, max_output=512)
+    lanes = data["lanes"]
+    assert isinstance(lanes, dict)
+    # Every lane carries the chat lane's limits, so config A's one record covers them all.
+    for lane in lanes.values():
+        lane.update({"max_in_flight": in_flight, "max_prompt_tokens": 2048, "max_output_tokens": 512})
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    directory = tmp_path / "evidence"
+    EvidenceStore(directory).add(record_a())
+    return directory
+
+
+def test_check_prints_a_pass_per_lane_for_the_measured_configuration(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = _write_profile(tmp_path, config_a(), 8)
+    assert main(["check", str(profile), "--evidence", str(store)]) == 0
+    out = capsys.readouterr().out
+    evidence = out.split("evidence:")[1]
+    assert evidence.count(" PASS ") == 6
+    assert "DEFER" not in evidence
+
+
+def test_check_defers_a_changed_configuration_and_names_the_triggers(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = _write_profile(tmp_path, config_b(), 8)
+    assert main(["check", str(profile), "--evidence", str(store)]) == 0
+    evidence = capsys.readouterr().out.split("evidence:")[1]
+    assert evidence.count(" DEFER ") == 6
+    assert "config_hash" in evidence and "parallelism" in evidence
+
+
+def test_serve_refuses_to_start_without_passing_evidence(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = _write_profile(tmp_path, config_a(), 12)  # more concurrency than was measured
+    code = main(["serve", "--config", str(profile), "--require-evidence", str(store)])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "refusing to start" in err and "DEFER" in err and "concurrency" in err
+
+
+def test_serve_evidence_needs_a_profile_file(
+    store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LANE_ROUTER_CONFIG", raising=False)
+    assert main(["serve", "--require-evidence", str(store)]) == 2
+    assert "needs a profile file" in capsys.readouterr().err
+
+
+def test_a_bad_slo_option_is_a_usage_error(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = _write_profile(tmp_path, config_a(), 8)
+    assert main(["check", str(profile), "--evidence", str(store), "--slo", "p95_ttft=3"]) == 2
+    assert "--slo" in capsys.readouterr().err
