@@ -21,9 +21,11 @@ from types import TracebackType
 import httpx
 
 # Flags this handle sets itself; a caller's rendered pool args must not repeat them.
-OWNED_FLAGS = frozenset(
-    {"--model", "--served-model-name", "--host", "--port", "--api-key", "--dtype", "--enforce-eager"}
-)
+OWNED_FLAGS = frozenset({"--model", "--host", "--port", "--api-key", "--enforce-eager"})
+# Flags the handle supplies only when the rendered pool args do not: a pool's `vllm:` block
+# declares its dtype and served names, and the server must run what the pool declares.
+DEFAULT_DTYPE = "bfloat16"
+DEFAULT_MODEL_NAME = "tiny"
 LOG_TAIL_LINES = 40
 
 
@@ -60,25 +62,47 @@ def server_env(
     return env
 
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value given to `flag` in `args` (`--flag v` or `--flag=v`), or None."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def server_command(
     python: Path,
     *,
     model: Path,
-    served_model_name: str,
     port: int,
     api_key: str,
     args: Sequence[str],
-    dtype: str = "bfloat16",
+    served_model_name: str | None = None,
+    dtype: str | None = None,
+    extra_api_keys: Sequence[str] = (),
 ) -> list[str]:
+    """`served_model_name` and `dtype` fill in for pool args that leave them out; when both
+    name the same setting they must agree, so a server never runs other than its pool says."""
     clash = sorted({a.split("=", 1)[0] for a in args} & OWNED_FLAGS)
     if clash:
         raise ValueError(f"pool args must not set {', '.join(clash)}: the server handle owns them")
+    defaults: list[str] = []
+    for flag, wanted, fallback in (
+        ("--served-model-name", served_model_name, DEFAULT_MODEL_NAME),
+        ("--dtype", dtype, DEFAULT_DTYPE),
+    ):
+        rendered = flag_value(args, flag)
+        if rendered is None:
+            defaults += [flag, wanted or fallback]
+        elif wanted is not None and wanted != rendered:
+            raise ValueError(f"pool args set {flag} {rendered}, the server handle was asked for {wanted}")
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", served_model_name,
-        "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key,
-        "--dtype", dtype, "--enforce-eager",
-        *args,
+        "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--api-key", api_key, *extra_api_keys, "--enforce-eager",
+        *defaults, *args,
     ]  # fmt: skip
 
 
@@ -120,21 +144,23 @@ class VllmServer:
         workdir: Path,
         cache: Path,
         args: Sequence[str] = (),
-        served_model_name: str = "tiny",
+        served_model_name: str | None = None,
         core: int | None = None,
         kv_cache_gib: int = 1,
-        dtype: str = "bfloat16",
+        dtype: str | None = None,
+        extra_api_keys: Sequence[str] = (),
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
         self.api_key = api_key
         self.model = model
-        self.served_model_name = served_model_name
         self.log_path = workdir / f"vllm-{port}.log"
         self.command = tuple(server_command(
             venv / "bin" / "python", model=model, served_model_name=served_model_name,
-            port=port, api_key=api_key, args=args, dtype=dtype,
+            port=port, api_key=api_key, args=args, dtype=dtype, extra_api_keys=extra_api_keys,
         ))  # fmt: skip
+        # The first served name is the canonical one (the pool's model; aliases follow).
+        self.served_model_name = str(flag_value(self.command, "--served-model-name"))
         self._workdir = workdir
         self._env = server_env(
             os.environ if environ is None else environ,

@@ -134,10 +134,39 @@ def test_command_owns_identity_flags() -> None:
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert "--enforce-eager" in cmd
     assert cmd[-2:] == ["--max-num-seqs", "8"]
-    for flag in ("--port", "--api-key=x", "--host"):
+    for flag in ("--port", "--api-key=x", "--host", "--model", "--enforce-eager"):
         with pytest.raises(ValueError, match="must not set"):
-            server_command(Path("p"), model=Path("m"), served_model_name="t", port=1,
-                           api_key="k", args=[flag, "1"])  # fmt: skip
+            server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=[flag, "1"])
+
+
+def test_rendered_dtype_and_name_win_over_defaults() -> None:
+    rendered = ["--served-model-name", "pool-model", "alias", "--dtype", "float32", "--max-num-seqs", "4"]
+    cmd = server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=rendered)
+    assert cmd.count("--dtype") == cmd.count("--served-model-name") == 1
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    assert cmd[-len(rendered) :] == rendered
+    # Without them in the pool args, the handle supplies its defaults.
+    bare = server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=["--dtype=float16"])
+    assert bare[bare.index("--served-model-name") + 1] == "tiny"
+    assert "--dtype" not in bare and bare[-1] == "--dtype=float16"
+    assert server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=[], dtype="float32")[-3:] == [
+        "tiny", "--dtype", "float32",
+    ]  # fmt: skip
+    # Asking the handle for something the pool does not declare is a mistake, not a silent pick.
+    with pytest.raises(ValueError, match="--dtype float32"):
+        server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=rendered, dtype="bfloat16")
+    with pytest.raises(ValueError, match="--served-model-name pool-model"):
+        server_command(Path("p"), model=Path("m"), port=1, api_key="k", args=rendered, served_model_name="x")
+
+
+def test_extra_keys_follow_the_api_key(tmp_path: Path) -> None:
+    server = VllmServer(
+        venv=tmp_path, model=tmp_path / "m", port=5, api_key="own", extra_api_keys=("shared",),
+        workdir=tmp_path, cache=tmp_path, args=["--served-model-name", "pool-model", "alias"],
+    )  # fmt: skip
+    cmd = list(server.command)
+    assert cmd[cmd.index("--api-key") + 1 : cmd.index("--api-key") + 3] == ["own", "shared"]
+    assert server.served_model_name == "pool-model"
 
 
 def test_env_is_offline_and_pinned(tmp_path: Path) -> None:

