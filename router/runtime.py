@@ -11,13 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from prometheus_client import Histogram
+
+from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
-from router.balance import Balancer, make_balancer
+from router.balance import Balancer, corrected_load, make_balancer
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass
 from router.config.vllm import server_configuration_hash
+from router.gate import PoolGate
 from router.metrics import Metrics
 from router.prefixes import PrefixHistory
 from router.proxy.upstream import UpstreamPool
+from router.ratelimit import MemoryRateStore, RateStore
+from router.slowclient import BufferBudget, LagPolicy, SlowClients
 from router.tokens import TokenCounter, make_counter
 
 
@@ -40,9 +46,13 @@ class Backend:
     long_prefilling: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
-    # Scraped from the backend's own /metrics (vllm:num_requests_waiting, kv_cache_usage_perc).
+    # The last scrape of the backend's own /metrics (router.scrape), and this router's in-flight
+    # count at that moment, so the sample can be corrected until the next one.
+    scraped: bool = False
+    scraped_running: float = 0.0
     scraped_waiting: float = 0.0
     scraped_kv_usage: float = 0.0
+    in_flight_at_scrape: int = 0
     drift: tuple[str, ...] = ()
 
     @property
@@ -51,7 +61,14 @@ class Backend:
 
     @property
     def load_score(self) -> float:
-        return self.in_flight + self.scraped_waiting + self.scraped_kv_usage
+        return corrected_load(
+            self.in_flight,
+            self.in_flight_at_scrape,
+            self.scraped_running,
+            self.scraped_waiting,
+            self.scraped_kv_usage,
+            self.scraped,
+        )
 
 
 @dataclass(eq=False)
@@ -61,9 +78,15 @@ class Pool:
     backends: tuple[Backend, ...]
     upstream_key: bytes | None
     config_hash: str
+    gate: PoolGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = PoolGate(PrefillLimits.for_pool(self.config), self.routable)
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
-        return [b for b in self.backends if b.routable and b not in exclude]
+        if not exclude:
+            return [b for b in self.backends if b.health is not Health.DOWN]
+        return [b for b in self.backends if b.health is not Health.DOWN and b not in exclude]
 
     def has_healthy_backend(self) -> bool:
         return any(b.health is Health.UP for b in self.backends)
@@ -75,7 +98,9 @@ class Lane:
     config: LaneConfig
     pool: Pool
     balancer: Balancer
+    queue_time: Histogram
     in_flight: int = 0
+    waiting: int = 0
 
     @property
     def name(self) -> str:
@@ -92,6 +117,10 @@ class Runtime:
     prefixes: PrefixHistory
     metrics: Metrics
     models: Mapping[str, tuple[Pool, ...]]
+    rates: RateStore
+    slow_clients: SlowClients
+    lag: LagPolicy
+    buffers: BufferBudget
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -134,10 +163,7 @@ def build_runtime(
     keys = KeyRing(build_keys(cfg.keys, env))
     counter = make_counter(cfg.tokenizer)
     pools = {name: _build_pool(name, pc, env, previous) for name, pc in cfg.pools.items()}
-    lanes = {
-        cls: Lane(cls=cls, config=lc, pool=pools[lc.pool], balancer=make_balancer(lc.balance))
-        for cls, lc in cfg.lanes.items()
-    }
+    lanes = {cls: _build_lane(cls, lc, pools[lc.pool], metrics) for cls, lc in cfg.lanes.items()}
     models: dict[str, tuple[Pool, ...]] = {}
     for pool in pools.values():
         for model in pool.config.models:
@@ -148,6 +174,10 @@ def build_runtime(
         if previous and _same_prefix_policy(previous, cfg)
         else PrefixHistory(seen=rp.seen, window_s=rp.window_s, max_entries=rp.max_entries)
     )
+    sc = cfg.slow_clients
+    # Rate counters, slow-client memory and buffered bytes are facts about clients and streams in
+    # flight, not about the profile: they survive a reload (unless their own settings changed).
+    keep = previous is not None and previous.config.slow_clients == sc
     return Runtime(
         config=cfg,
         keys=keys,
@@ -157,6 +187,30 @@ def build_runtime(
         prefixes=prefixes,
         metrics=metrics,
         models=models,
+        rates=previous.rates if previous is not None else MemoryRateStore(),
+        slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg),
+        lag=LagPolicy.from_config(sc),
+        buffers=previous.buffers if previous and keep else _buffers(cfg, metrics),
+    )
+
+
+def _slow_clients(cfg: ProfileConfig) -> SlowClients:
+    return SlowClients(cfg.slow_clients.remember_s, cfg.slow_clients.max_remembered)
+
+
+def _buffers(cfg: ProfileConfig, metrics: Metrics) -> BufferBudget:
+    return BufferBudget(cfg.slow_clients.max_buffer_bytes, metrics.stream_buffer_bytes.set)
+
+
+def _build_lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics) -> Lane:
+    hits = metrics.prefix_affinity_hits.labels(pool.name)
+    balancer = make_balancer(lc.balance, epsilon=lc.affinity_slack, on_hit=hits.inc)
+    return Lane(
+        cls=cls,
+        config=lc,
+        pool=pool,
+        balancer=balancer,
+        queue_time=metrics.queue_time.labels(cls.value),
     )
 
 

@@ -22,6 +22,7 @@ from router.config.models import ProfileConfig
 from router.health import HealthChecker
 from router.metrics import Metrics
 from router.runtime import build_runtime
+from router.scrape import LoadScraper
 from router.settings import Settings
 from router.state import RouterState
 
@@ -75,6 +76,8 @@ def build_state(cfg: ProfileConfig, config_path: Path | None) -> RouterState:
 async def background(state: RouterState, settings: Settings) -> AsyncIterator[None]:
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
+    scraper = LoadScraper(lambda: state.runtime)
+    scraper.start()
     tasks: list[asyncio.Task[None]] = []
     loop = asyncio.get_running_loop()
 
@@ -94,6 +97,7 @@ async def background(state: RouterState, settings: Settings) -> AsyncIterator[No
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await scraper.stop()
         await checker.stop()
         await state.aclose()
 

@@ -11,13 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.balance import (
+    KV_WEIGHT,
+    AffinityKey,
     LeastOutstanding,
     PowerOfTwo,
     PrefixAffinity,
+    PrefixMemory,
     RoundRobin,
+    corrected_load,
     make_balancer,
     rendezvous_score,
 )
+from router.facts import prefix_chain
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,132 @@ def test_single_backend_is_always_chosen() -> None:
     only = pool(100)
 
     assert PrefixAffinity().pick(only, fingerprint(1)) is only[0]
+
+
+# --- prefix memory: the longest prefix wins ----------------------------------------------------
+
+
+def chain(text: str) -> tuple[bytes, ...]:
+    return prefix_chain(text)
+
+
+def conversation(turns: int, system: str = "You are a careful agent. " * 40) -> str:
+    """The text a chat body's messages make (role, content, …), after `turns` agent steps."""
+    parts = ["system", system]
+    for i in range(turns):
+        parts += ["user", f"step {i}: " + "call the tool with these arguments please " * 8]
+        parts += ["assistant", f"tool result {i} " * 30]
+    return "\n".join(parts)
+
+
+def test_the_prompt_chain_covers_every_message_not_only_the_first() -> None:
+    one, three = chain(conversation(1)), chain(conversation(3))
+    assert len(three) > len(one)
+    assert three[: len(one)] == one  # a continuation shares every full block of its past
+    assert chain(conversation(3, system="another system prompt " * 40))[-1] != three[-1]
+
+
+def test_memory_finds_the_deepest_recorded_block_at_or_above_the_minimum() -> None:
+    memory = PrefixMemory(stride=4)
+    past = chain(conversation(2))
+    memory.record(past, "b1")
+
+    assert memory.longest(chain(conversation(4)), min_depth=1) == "b1"
+    assert memory.longest(chain(conversation(4)), min_depth=len(past) + 1) is None
+    assert memory.longest(chain("unrelated text " * 200), min_depth=1) is None
+
+
+def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
+    memory = PrefixMemory(max_entries=64, stride=1)
+    old = chain("old document " * 300)
+    memory.record(old, "b1")
+    for i in range(40):
+        memory.record(chain(f"document {i} " * 300), "b2")
+
+    assert len(memory) <= 64
+    assert memory.longest(old, min_depth=1) is None
+
+
+def test_a_growing_agent_context_follows_its_backend_even_with_a_shared_system_prompt() -> None:
+    """Sessions share one long system prompt, so their rendezvous keys are equal; the memory
+    still keeps each session where its previous step went, while bounded load spreads them."""
+    backends = pool(0, 0, 0, 0)
+    balancer = PrefixAffinity(epsilon=0.25)
+    homes: dict[int, str] = {}
+    keys: set[bytes] = set()
+    for step in range(1, 5):
+        for session in range(8):
+            text = conversation(step, system="shared system prompt " * 120)
+            blocks = chain(text.replace("step 0:", f"session {session} step 0:"))
+            key = AffinityKey(blocks[7], blocks, min_depth=8)
+            keys.add(key.key)
+            # In flight: the other sessions' current steps (a session's own last step is done).
+            others = [h for s, h in homes.items() if s != session]
+            current = [replace(b, in_flight=others.count(b.name)) for b in backends]
+            chosen = balancer.pick(current, key).name
+            homes.setdefault(session, chosen)
+            assert chosen == homes[session], (session, step)
+    assert len(keys) == 1
+    assert len(set(homes.values())) >= 3
+
+
+def test_a_memory_match_on_an_overloaded_backend_falls_back_to_the_rank() -> None:
+    backends = pool(0, 0, 0, 0)
+    memory = PrefixMemory()
+    text = chain("long shared context " * 200)
+    memory.record(text, backends[0].name)
+    overloaded = [replace(b, in_flight=20) if b is backends[0] else b for b in backends]
+
+    chosen = PrefixAffinity(memory=memory).pick(overloaded, AffinityKey(text[3], text, 4))
+
+    assert chosen.name != backends[0].name
+
+
+def test_hits_are_reported_for_preferred_picks_only() -> None:
+    hits: list[int] = []
+    backends = pool(0, 0, 0, 0)
+    fp = fingerprint(3)
+    preferred = PrefixAffinity.preferred(backends, fp)
+    balancer = PrefixAffinity(epsilon=0.0, on_hit=lambda: hits.append(1))
+
+    balancer.pick(backends, fp)
+    assert len(hits) == 1
+    loaded = [replace(b, in_flight=4) if b.name == preferred.name else b for b in backends]
+    assert balancer.pick(loaded, fp).name != preferred.name
+    assert len(hits) == 1
+    balancer.pick(backends, None)  # no key: nothing to hit
+    assert len(hits) == 1
+
+
+# --- corrected scraped load ---------------------------------------------------------------------
+
+
+def test_unscraped_load_is_the_in_flight_count() -> None:
+    assert corrected_load(3, 0, 50.0, 10.0, 0.9, scraped=False) == 3.0
+
+
+def test_scraped_load_is_corrected_by_requests_sent_since_the_scrape() -> None:
+    at_scrape = corrected_load(2, 2, running=6, waiting=0, kv_usage=0.0, scraped=True)
+    two_more = corrected_load(4, 2, running=6, waiting=0, kv_usage=0.0, scraped=True)
+    one_done = corrected_load(1, 2, running=6, waiting=0, kv_usage=0.0, scraped=True)
+
+    assert at_scrape == 6.0
+    assert two_more == 8.0
+    assert one_done == 5.0
+
+
+def test_waiting_requests_and_a_full_kv_cache_weigh_on_the_score() -> None:
+    idle = corrected_load(0, 0, running=4, waiting=0, kv_usage=0.1, scraped=True)
+    queued = corrected_load(0, 0, running=4, waiting=2, kv_usage=0.1, scraped=True)
+    full = corrected_load(0, 0, running=4, waiting=0, kv_usage=0.95, scraped=True)
+
+    assert queued > idle + 2
+    assert full == pytest.approx(idle + KV_WEIGHT * 0.85)
+
+
+def test_the_routers_own_count_is_a_floor() -> None:
+    # Other requests of this router are certainly there, whatever a stale scrape said.
+    assert corrected_load(9, 9, running=0, waiting=0, kv_usage=0.0, scraped=True) == 9.0
 
 
 # --- factory ------------------------------------------------------------------------------------

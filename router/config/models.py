@@ -99,7 +99,7 @@ class LaneConfig(Strict):
     balance: Balance = "least_outstanding"
     affinity: Affinity = "prefix"
     affinity_min_tokens: int | None = Field(None, ge=1)
-    affinity_slack: float = Field(0.25, ge=0)
+    affinity_slack: float = Field(1.0, ge=0)
     priority: int = Field(0, ge=0, le=100)
     max_in_flight: int | None = Field(None, ge=1)
     queue_limit: int = Field(1024, ge=0)
@@ -139,14 +139,15 @@ class KeyConfig(Strict):
 
 
 class SlowClientConfig(Strict):
-    """A client lags when upstream bytes it has not yet been sent exceed `lag_bytes`, or a write
-    to it blocks longer than `lag_s`. It is then decoupled (upstream drained into a buffer of at
-    most `max_stream_buffer_bytes`; all such buffers together at most `max_buffer_bytes`, past
-    which upstream reads wait) and remembered for `remember_s` (at most `max_remembered`
-    clients), so its next streams take the slow_stream lane."""
+    """A client lags when the bytes not yet delivered to it (received from upstream and not yet
+    written, plus written and not yet acknowledged by its TCP stack) exceed `lag_bytes`; keep it
+    above the bandwidth-delay product of a fast client's path. A lagging stream is decoupled
+    (upstream drained into a buffer of at most `max_stream_buffer_bytes`; all such buffers
+    together at most `max_buffer_bytes`, past which upstream reads wait) and the client is
+    remembered for `remember_s` (at most `max_remembered` clients), so its next streams take
+    the slow_stream lane."""
 
     lag_bytes: int = Field(128 * 1024, ge=1024)
-    lag_s: float = Field(0.5, gt=0)
     remember_s: float = Field(600.0, gt=0)
     max_remembered: int = Field(65536, ge=16)
     max_stream_buffer_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)

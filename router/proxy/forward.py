@@ -1,12 +1,16 @@
 """Sending one admitted request to a backend of its lane's pool and relaying the answer.
 
-The relay writes every upstream read to the client as it arrives (bytes as received, never
+Admission (router.gate) hands out the backend; the request holds its ticket until it ends. The
+relay writes every upstream read to the client as it arrives (bytes as received, never
 re-encoded). A backend may be swapped for another only before the client has seen a byte;
-after that a failure ends the stream with an SSE error event. Every counter taken here is given
-back in `finally`, whatever ends the request: success, upstream failure, client disconnect."""
+after that a failure ends the stream with an SSE error event. When the client falls behind
+(router.slowclient) the rest of the stream is decoupled: a producer drains upstream into a
+bounded buffer and the relay feeds the client from it. Every counter taken here is given back in
+`finally`, whatever ends the request: success, upstream failure, client disconnect."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,8 +18,11 @@ from dataclasses import dataclass
 from router import health
 from router.asgi import Send
 from router.errors import RouterError, Unavailable, UpstreamConnectError, UpstreamError, error_event
+from router.gate import PoolGate, Ticket
 from router.proxy.upstream import UpstreamResponse
+from router.ratelimit import USAGE_TAIL_BYTES
 from router.runtime import Backend, Lane, Runtime
+from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 
 # Hop-by-hop headers describe one connection, not the response; the router's own server sets
 # `date` and frames the body itself.
@@ -32,7 +39,6 @@ _DROP_RESPONSE = frozenset(
         b"server",
     }
 )
-_NO_BACKEND_RETRY_AFTER_S = 2.0
 
 
 @dataclass(slots=True)
@@ -44,12 +50,18 @@ class Exchange:
     body: bytes
     request_id: bytes
     accept: bytes | None
-    affinity: bytes | None
+    ticket: Ticket
     started: float
     response_headers: list[tuple[bytes, bytes]]
     observe_gap: Callable[[float], None]
+    stream: bool = True
+    prompt_tokens: int = 0
+    client: tuple[str, bytes | None, str | None] = ("", None, None)  # key, X-Client-Id, address
+    usage_tail: bytearray | None = None  # the response's last bytes, kept when usage is wanted
     response_started: bool = False
     first_byte_at: float | None = None
+    upstream_done_at: float | None = None
+    decoupled: bool = False
     status: int = 0
 
 
@@ -65,49 +77,72 @@ def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple
 
 
 async def forward(runtime: Runtime, ex: Exchange, send: Send) -> None:
-    """Open the upstream response (retrying other backends before the first byte), relay it."""
-    response, backend = await _open(runtime, ex)
+    """Admit, open the upstream response (retrying other backends before the first byte), relay it."""
+    gate = ex.lane.pool.gate
+    response: UpstreamResponse | None = None
     try:
-        await _relay(ex, response, send)
+        response = await _open(runtime, ex, gate)
+        await _relay(runtime, ex, response, send)
     finally:
-        backend.in_flight -= 1
-        await response.aclose()
+        gate.finish(ex.ticket)
+        if response is not None:
+            await response.aclose()
 
 
-async def _open(runtime: Runtime, ex: Exchange) -> tuple[UpstreamResponse, Backend]:
+async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
+    began = time.monotonic()
+    try:
+        return await gate.acquire(ex.ticket)
+    finally:
+        ex.lane.queue_time.observe(time.monotonic() - began)
+
+
+def _hold_blind_prefill(ex: Exchange, gate: PoolGate) -> None:
+    """A non-streamed response shows no first token: count it as prefilling for the pool's
+    estimate of its prefill time, if the pool gives one (else until the response starts)."""
+    hold = gate.limits.blind_hold_s(ex.prompt_tokens)
+    if hold is not None and gate.limits.enabled:
+        ticket = ex.ticket
+        ticket.timer = asyncio.get_running_loop().call_later(hold, gate.end_prefill, ticket)
+
+
+async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamResponse:
     pool = ex.lane.pool
     headers = upstream_headers(pool.upstream_key, ex)
-    tried: set[Backend] = set()
+    ticket = ex.ticket
     last_error: RouterError | None = None
     metrics = runtime.metrics
     while True:
-        candidates = pool.routable(frozenset(tried))
-        if not candidates:
-            raise last_error or Unavailable(
-                f"no healthy backend in pool {pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
-            )
-        backend = ex.lane.balancer.pick(candidates, ex.affinity)
-        if tried:
+        if last_error is None:
+            # The common case, nobody waiting and a slot free, without a coroutine or a clock read.
+            found = None if gate.waiting else gate.try_take(ticket)
+            if found is not None:
+                ex.lane.queue_time.observe(0.0)
+                backend = found
+            else:
+                backend = await _wait_for_room(ex, gate)
+        else:
+            try:
+                backend = await gate.acquire(ticket)
+            except Unavailable:
+                raise last_error from None
             metrics.retries.labels(pool.name).inc()
-        tried.add(backend)
-        backend.in_flight += 1
+        if not ex.stream:
+            _hold_blind_prefill(ex, gate)
         try:
             response = await backend.upstream.request(b"POST", ex.target, headers, ex.body)
         except UpstreamError as err:
-            backend.in_flight -= 1
+            gate.retry_elsewhere(ticket)
             metrics.upstream_errors.labels(pool.name, backend.name, err.code).inc()
             if isinstance(err, UpstreamConnectError):
                 health.note_failure(backend, runtime.config.health, runtime.metrics)
                 last_error = err
                 continue
             raise
-        except BaseException:
-            backend.in_flight -= 1
-            raise
         if response.status == 503:
             # vLLM's queue limit answers 503 before doing any work: safe to try a sibling.
             metrics.upstream_errors.labels(pool.name, backend.name, "upstream_503").inc()
-            backend.in_flight -= 1
+            gate.retry_elsewhere(ticket)
             await response.aclose()
             last_error = Unavailable(
                 f"pool {pool.name!r}: every backend is at its queue limit",
@@ -116,18 +151,33 @@ async def _open(runtime: Runtime, ex: Exchange) -> tuple[UpstreamResponse, Backe
             )
             continue
         health.note_success(backend)
-        return response, backend
+        return response
 
 
-async def _relay(ex: Exchange, response: UpstreamResponse, send: Send) -> None:
+async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
     ex.status = response.status
     headers = [(k, v) for k, v in response.headers if k.lower() not in _DROP_RESPONSE]
     headers.extend(ex.response_headers)
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
     is_sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+    if ex.lane.config.decouple:
+        await _relay_decoupled(runtime, ex, response, send, is_sse, 0.0)
+        return
+    await _relay_direct(runtime, ex, response, send, is_sse)
+
+
+async def _relay_direct(
+    runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send, is_sse: bool
+) -> None:
+    gate = ex.lane.pool.gate
+    ticket = ex.ticket
     observe_gap = ex.observe_gap
+    tail = ex.usage_tail
     monotonic = time.monotonic
+    # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
+    # socket makes the next sample due at once.
+    next_check = monotonic() + LAG_CHECK_S
     last = 0.0
     more = True
     try:
@@ -135,19 +185,123 @@ async def _relay(ex: Exchange, response: UpstreamResponse, send: Send) -> None:
             now = monotonic()
             if ex.first_byte_at is None:
                 ex.first_byte_at = now
-            elif is_sse:
-                observe_gap(now - last)
+                gate.end_prefill(ticket)
+            else:
+                if is_sse:
+                    observe_gap(now - last)
+                if now >= next_check:
+                    next_check = now + LAG_CHECK_S
+                    if _lagging(runtime, response, send):
+                        _mark_slow(runtime, ex)
+                        await _relay_decoupled(runtime, ex, response, send, is_sse, now, chunk)
+                        return
             last = now
+            if tail is not None:
+                _keep_tail(tail, chunk)
             more = not response.at_end
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
     except UpstreamError as err:
-        if not is_sse:
-            # A JSON body cut short cannot be mended; dropping the connection tells the client.
-            raise ResponseAborted(str(err)) from err
-        await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+        await _end_with_error(err, is_sse, send)
         return
+    ex.upstream_done_at = last
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+    elif is_sse and _lagging(runtime, response, send):
+        # The whole answer fit in the socket buffers, but the client is far behind it.
+        _mark_slow(runtime, ex)
+
+
+def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send) -> bool:
+    """Bytes not yet delivered to the client: still upstream-side, and already written but
+    unacknowledged."""
+    probe = unsent_probe(send)
+    return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))
+
+
+def _keep_tail(tail: bytearray, chunk: bytes) -> None:
+    tail += chunk
+    if len(tail) > USAGE_TAIL_BYTES:
+        del tail[:-USAGE_TAIL_BYTES]
+
+
+async def _end_with_error(err: UpstreamError, is_sse: bool, send: Send) -> None:
+    if not is_sse:
+        # A JSON body cut short cannot be mended; dropping the connection tells the client.
+        raise ResponseAborted(str(err)) from err
+    await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+
+
+def _mark_slow(runtime: Runtime, ex: Exchange) -> None:
+    key_name, client_id, address = ex.client
+    runtime.slow_clients.mark(client_identity(key_name, client_id, address), time.monotonic())
+    runtime.metrics.slow_clients.labels(ex.lane.name).inc()
+
+
+async def _relay_decoupled(
+    runtime: Runtime,
+    ex: Exchange,
+    response: UpstreamResponse,
+    send: Send,
+    is_sse: bool,
+    last: float,
+    pending: bytes = b"",
+) -> None:
+    """Feed the client from a buffer that a producer task fills from upstream at the backend's
+    pace; the producer waits only when the buffer caps are reached. `pending` is a chunk already
+    taken from upstream and not yet sent."""
+    ex.decoupled = True
+    buffer = StreamBuffer(runtime.buffers, runtime.config.slow_clients.max_stream_buffer_bytes)
+    if pending:
+        if ex.usage_tail is not None:
+            _keep_tail(ex.usage_tail, pending)
+        await buffer.put(pending)
+    producer = asyncio.ensure_future(_pump(ex, response, buffer, is_sse, last))
+    try:
+        while (data := await buffer.get()) is not None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        error = buffer.error
+        if isinstance(error, UpstreamError):
+            await _end_with_error(error, is_sse, send)
+            return
+        if error is not None:
+            raise error
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        buffer.release()
+
+
+async def _pump(
+    ex: Exchange, response: UpstreamResponse, buffer: StreamBuffer, is_sse: bool, last: float
+) -> None:
+    gate = ex.lane.pool.gate
+    ticket = ex.ticket
+    observe_gap = ex.observe_gap
+    tail = ex.usage_tail
+    monotonic = time.monotonic
+    try:
+        async for chunk in response:
+            now = monotonic()
+            if ex.first_byte_at is None:
+                ex.first_byte_at = now
+                gate.end_prefill(ticket)
+            elif is_sse:
+                observe_gap(now - last)
+            last = now
+            if tail is not None:
+                _keep_tail(tail, chunk)
+            await buffer.put(chunk)
+    except UpstreamError as err:
+        buffer.end(err)
+        return
+    except BaseException as err:
+        buffer.end(err)
+        raise
+    ex.upstream_done_at = monotonic()
+    # The backend is done with this request: free its slot now, not when the client is.
+    gate.end_attempt(ticket)
+    buffer.end()
 
 
 class ResponseAborted(Exception):

@@ -1,4 +1,4 @@
-"""The request path of a proxied OpenAI route: key → facts → class → lane → backend → stream.
+"""The request path of a proxied OpenAI route: key → facts → class → lane → limits → backend → stream.
 
 While the request waits for or relays its response, a watcher listens for the client going
 away; when it does, the request task is cancelled at once, which closes the upstream connection
@@ -12,12 +12,17 @@ import time
 
 from router.asgi import Message, Receive, Send
 from router.auth import ApiKey
+from router.balance import Affinity, AffinityKey
 from router.classify import Classification, Signals, classify, parse_class_header
-from router.errors import NotFound, PayloadTooLarge, RouterError
-from router.facts import Endpoint, RequestFacts, parse_facts
+from router.errors import NotFound, PayloadTooLarge, RouterError, Unavailable
+from router.facts import PREFIX_BLOCK_CHARS, Endpoint, RequestFacts, parse_facts
+from router.gate import Ticket
 from router.metrics import RouteMetrics
 from router.proxy.forward import Exchange, forward
+from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
 from router.runtime import Lane, Runtime
+from router.slowclient import client_identity
+from router.tokens import CHARS_PER_TOKEN
 
 WATCH_AFTER_S = 0.02
 
@@ -29,7 +34,15 @@ class ClientGone(Exception):
 class Headers:
     """The few request headers the router reads, found in one pass."""
 
-    __slots__ = ("accept", "authorization", "content_length", "request_class", "request_id")
+    __slots__ = (
+        "accept",
+        "authorization",
+        "client_id",
+        "content_length",
+        "request_class",
+        "request_id",
+        "session_id",
+    )
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
@@ -37,6 +50,8 @@ class Headers:
         self.request_id: bytes | None = None
         self.request_class: bytes | None = None
         self.accept: bytes | None = None
+        self.session_id: bytes | None = None
+        self.client_id: bytes | None = None
         for name, value in raw:
             n = name.lower()
             if n == b"authorization":
@@ -49,6 +64,10 @@ class Headers:
                 self.request_class = value
             elif n == b"accept":
                 self.accept = value
+            elif n == b"x-session-id":
+                self.session_id = value
+            elif n == b"x-client-id":
+                self.client_id = value
 
 
 def request_id(supplied: bytes | None) -> bytes:
@@ -76,21 +95,48 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None) -> byt
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def route(runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey) -> Classification:
+def route(
+    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, client: str | None = None
+) -> Classification:
+    """Classify with the signals the router keeps: repeated prefixes and slow clients."""
     cfg = runtime.config.classify
     seen = 0
     fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
     if fingerprint is not None:
         seen = runtime.prefixes.observe(fingerprint, time.monotonic())
-    signals = Signals(header_class=parse_class_header(headers.request_class), prefix_seen=seen)
+    slow = False
+    if facts.stream and len(runtime.slow_clients):
+        identity = client_identity(key.name, headers.client_id, client)
+        slow = runtime.slow_clients.is_slow(identity, time.monotonic())
+    signals = Signals(
+        header_class=parse_class_header(headers.request_class), prefix_seen=seen, slow_client=slow
+    )
     return classify(facts, key, signals, cfg)
 
 
-def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime) -> bytes | None:
-    if lane.config.balance != "prefix_affinity" or not facts.prefix_chain:
+def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
+    """What a prefix-affinity lane routes on. The prompt's block chain covers the whole message
+    list; the rendezvous key is its block at `affinity_min_tokens` (no affinity for a shorter
+    prompt), or for `affinity: session` lanes the session (`X-Session-Id`, else `user`)."""
+    lc = lane.config
+    if lc.balance != "prefix_affinity":
         return None
-    depth = -(-runtime.config.classify.repeated_prefix.min_tokens // 64)
-    return facts.prefix_chain[min(depth, len(facts.prefix_chain)) - 1]
+    min_tokens = lc.affinity_min_tokens or runtime.config.classify.repeated_prefix.min_tokens
+    depth = max(1, -(-min_tokens * CHARS_PER_TOKEN // PREFIX_BLOCK_CHARS))
+    chain = facts.prefix_chain
+    if lc.affinity == "session":
+        if session:
+            return AffinityKey(b"session\x00" + session, chain, depth)
+        if facts.user:
+            return AffinityKey(b"user\x00" + facts.user.encode(), chain, depth)
+    if len(chain) < depth:
+        return None
+    return AffinityKey(chain[depth - 1], chain, depth)
+
+
+def _client_address(scope: Message) -> str | None:
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 async def handle(
@@ -105,7 +151,8 @@ async def handle(
     key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
-    decision = route(runtime, facts, headers, key)
+    address = _client_address(scope)
+    decision = route(runtime, facts, headers, key, address)
     key.allow_class(decision.cls)
     runtime.metrics.classified_child(decision.cls.value, decision.reason.value).inc()
     lane = runtime.lanes[decision.cls]
@@ -122,24 +169,69 @@ async def handle(
             (b"x-lane-router-reason", decision.reason.value.encode()),
         ]
     rm = runtime.metrics.route(decision.cls.value, lane.name, lane.pool.name)
+    ticket = Ticket(
+        lane=lane,
+        long=facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
+        affinity=affinity_for(lane, facts, runtime, headers.session_id),
+    )
     ex = Exchange(
         lane=lane,
         target=target,
         body=body,
         request_id=rid,
         accept=headers.accept,
-        affinity=affinity_for(lane, facts, runtime),
+        ticket=ticket,
         started=started,
         response_headers=extra,
         observe_gap=rm.itl.observe,
+        stream=facts.stream,
+        prompt_tokens=facts.prompt_tokens,
+        client=(key.name, headers.client_id, address),
     )
-    await _run_watched(runtime, ex, rm, receive, send)
+    if key.rpm is None and key.tpm is None and key.max_concurrency is None:
+        await _run_watched(runtime, ex, rm, receive, send)
+        return
+    await _run_limited(runtime, ex, rm, key, facts, receive, send)
+
+
+async def _run_limited(
+    runtime: Runtime,
+    ex: Exchange,
+    rm: RouteMetrics,
+    key: ApiKey,
+    facts: RequestFacts,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """The key's rate limits around the request: refused before anything is taken; charged an
+    estimate, corrected by the response's usage; refunded when the router served nothing."""
+    limits = Limits(key.rpm, key.tpm, key.max_concurrency)
+    charged = estimate_tokens(facts.prompt_tokens, facts.max_tokens) if key.tpm is not None else 0
+    store = runtime.rates
+    verdict = store.acquire(key.name, limits, charged, time.monotonic())
+    if not verdict.allowed:
+        raise refusal(verdict)
+    ex.response_headers.extend(rate_headers(verdict))
+    if key.tpm is not None:
+        ex.usage_tail = bytearray()
+    refund = False
+    try:
+        await _run_watched(runtime, ex, rm, receive, send)
+    except Unavailable:
+        refund = not ex.response_started
+        raise
+    finally:
+        now = time.monotonic()
+        if refund:
+            store.refund(key.name, limits, charged, now)
+        else:
+            used = parse_usage(bytes(ex.usage_tail[-USAGE_TAIL_BYTES:])) if ex.usage_tail else None
+            store.settle(key.name, limits, charged, used, now)
 
 
 async def _run_watched(
     runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send
 ) -> None:
-    lane = ex.lane
     task = asyncio.current_task()
     assert task is not None
     gone = False
@@ -161,7 +253,6 @@ async def _run_watched(
     # Most requests end before a watcher task would pay off; one starts only if this one runs
     # longer than WATCH_AFTER_S, which bounds how late a disconnect can be noticed.
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
-    lane.in_flight += 1
     rm.in_flight.inc()
     status = "error"
     try:
@@ -183,7 +274,6 @@ async def _run_watched(
         if watcher is not None:
             watcher.remove_done_callback(on_disconnect)
             watcher.cancel()
-        lane.in_flight -= 1
         rm.in_flight.dec()
         _observe(ex, rm, status)
 

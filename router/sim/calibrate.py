@@ -1,83 +1,50 @@
-"""Fit the step-time model to a running OpenAI-compatible server (a real vLLM) and write a preset.
+"""Measure a running OpenAI-compatible server (a real vLLM), fit the step-time model, write a preset.
 
-Probes, all streamed with `ignore_eos` so output lengths are exact:
+Probes, all streamed with `ignore_eos` and token-id prompts so lengths are exact on the server:
 
 * decode: B concurrent streams with short prompts; in steady state every engine step yields one
-  token per stream, so the median gap between chunks is the step time at batch B;
+  token per stream, so the median gap between tokens is the step time. The batch the server
+  really ran is the most streams that were producing tokens at once (a server whose
+  `max_num_seqs` is below B queues the rest);
 * context: the same with long prompts, which separates the per-context-token cost;
 * prefill: one request at a time with prompts of growing length and 2 output tokens; the time
-  to the first token is frontend + one prefill step.
+  to the first token is round trip + frontend + one prefill step.
 
-Fit: step(B, ctx) = c0 + c_decode·B + c_ctx·B·ctx by least squares on the decode and context
-probes; then TTFT(P) = (frontend + c0) + (c_prefill + c_ctx)·P on the prefill probes. Prompts
-start with a random nonce so no probe hits the prefix cache.
+Prompts are random ids, so no probe hits the prefix cache. A few plain-text requests measure how
+many tokens the server's tokenizer makes of text the simulator counts at 4 characters a token.
+The fit itself is in `router.sim.fitting`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import itertools
+import os
+import platform
 import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from router.sim.config import EngineConfig
-from router.sim.timing import Preset, StepTimeModel
+from router.sim.fitting import CalibrationError, Measurements, fit, report
+from router.sim.streamclient import (
+    StreamError,
+    TimedStream,
+    completion_body,
+    timed_stream,
+    token_prompt,
+)
+from router.sim.timing import Preset
 from router.tokens import estimate_text_tokens
 
-_WORDS = (
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "omega",
-    "river",
-    "stone",
-    "cloud",
-    "light",
-    "ember",
-    "north",
-    "maple",
-    "quartz",
-    "violet",
-    "harbor",
-    "signal",
-)
-
-
-class CalibrationError(RuntimeError):
-    """The server could not be probed or the probes do not determine the model."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTiming:
-    ttft: float
-    gaps: list[float]
-    prompt_tokens: int  # as the simulator counts the probe text (what a replay will see)
-    server_prompt_tokens: int  # as the probed server's tokenizer counted it
-
-
-@dataclass(slots=True)
-class Measurements:
-    model: str
-    max_model_len: int
-    version: str | None = None
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    decode: list[tuple[int, float, float]] = field(default_factory=list)  # (B, mean ctx, step s)
-    # Server tokens per simulator token on the probe texts: the fit is expressed per simulator
-    # token (≈4 characters), so that replaying the same text reproduces the same time.
-    token_ratio: float = 1.0
-    prefill: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens, ttft s)
-    round_trip: float = 0.0  # an idle request/response without generation, seconds
+_WORDS = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud", "light", "ember",
+          "north", "maple", "quartz", "violet", "harbor", "signal")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,20 +61,22 @@ class ProbePlan:
     def for_server(max_model_len: int, quick: bool) -> ProbePlan:
         tokens = 24 if quick else 96
         long_prompt = min(2048, max_model_len // 2) - tokens
-        sizes = [p for p in (16, 256, 1024, 2048, 4096) if p + 8 <= max_model_len // 2]
+        # One prefill step each: stay within a 2,048-token step budget and the context.
+        wanted = (16, 256, 1024) if quick else (16, 128, 512, 1024, 1536)
+        sizes = tuple(p for p in wanted if p + 8 <= min(max_model_len, 2048))
         return ProbePlan(
             batches=(1, 4, 16) if quick else (1, 2, 4, 8, 16, 32),
             decode_tokens=tokens,
             short_prompt=32,
             long_prompt=max(64, long_prompt),
             context_batch=8,
-            prefill_prompts=tuple(sizes[:3] if quick else sizes),
+            prefill_prompts=sizes,
             repeats=3 if quick else 5,
         )
 
 
 def probe_text(tokens: int, rng: random.Random) -> str:
-    """About `tokens` tokens of text (≈4 characters each), led by a unique nonce."""
+    """About `tokens` simulator tokens (4 characters each) of plain text, led by a unique nonce."""
     words = [f"{rng.getrandbits(48):012x}"]
     length = len(words[0])
     while length < tokens * 4:
@@ -116,54 +85,53 @@ def probe_text(tokens: int, rng: random.Random) -> str:
     return " ".join(words)[: tokens * 4]
 
 
+def max_overlap(streams: Sequence[TimedStream]) -> int:
+    """The most streams that were producing tokens at the same moment."""
+    edges = sorted([(s.token_times[0], 1) for s in streams] + [(s.end, -1) for s in streams])
+    most = live = 0
+    for _, delta in edges:  # at equal times an end (-1) sorts before a start
+        live += delta
+        most = max(most, live)
+    return most
+
+
 class Prober:
     def __init__(self, client: httpx.AsyncClient, model: str, rng: random.Random) -> None:
         self.client = client
         self.model = model
         self.rng = rng
 
-    async def stream(self, prompt_tokens: int, max_tokens: int) -> StreamTiming:
-        text = probe_text(prompt_tokens, self.rng)
-        body = {
-            "model": self.model,
-            "prompt": text,
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0.0,
-        }
-        start = time.perf_counter()
-        times: list[float] = []
-        reported = prompt_tokens
-        async with self.client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                raise CalibrationError(f"probe got HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = orjson.loads(line[6:])
-                if event.get("choices") and event["choices"][0].get("text"):
-                    times.append(time.perf_counter())
-                usage = event.get("usage")
-                if usage:
-                    reported = int(usage.get("prompt_tokens", reported))
-        if not times:
-            raise CalibrationError("a probe stream produced no text")
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        return StreamTiming(times[0] - start, gaps, estimate_text_tokens(text), reported)
+    async def stream(self, prompt_tokens: int, max_tokens: int) -> TimedStream:
+        body = completion_body(self.model, token_prompt(self.rng, prompt_tokens), max_tokens)
+        try:
+            return await timed_stream(self.client, body)
+        except StreamError as exc:
+            raise CalibrationError(f"probe failed: {exc}") from exc
 
+    async def decode_point(self, batch: int, prompt: int, tokens: int) -> tuple[int, int, float, float]:
+        results = await asyncio.gather(*(self.stream(prompt, tokens) for _ in range(batch)))
+        # Skip each stream's first tokens: the batch is still filling while other prompts
+        # prefill. Then the mean gap per stream, not the median of all gaps: a busy API server
+        # hands tokens over in bursts (near-zero gaps, then a long one), which only the mean
+        # of a stretch turns back into the step time.
+        skip = min(4, tokens // 4)
+        steps = [(r.end - r.token_times[skip]) / (len(r.token_times) - 1 - skip) for r in results
+                 if len(r.token_times) > skip + 1]  # fmt: skip
+        if not steps:
+            raise CalibrationError("decode probe too short to measure gaps")
+        ctx = statistics.mean(r.prompt_tokens for r in results) + tokens / 2
+        return batch, max_overlap(results), ctx, statistics.median(steps)
 
-async def _decode_point(prober: Prober, batch: int, prompt: int, tokens: int) -> tuple[int, float, float]:
-    results = await asyncio.gather(*(prober.stream(prompt, tokens) for _ in range(batch)))
-    # Skip each stream's first gaps: the batch is still filling while other prompts prefill.
-    skip = min(4, tokens // 4)
-    gaps = [g for r in results for g in r.gaps[skip:]]
-    if not gaps:
-        raise CalibrationError("decode probe too short to measure gaps")
-    ctx = statistics.mean(r.prompt_tokens for r in results) + tokens / 2
-    return batch, ctx, statistics.median(gaps)
+    async def text_ratio(self, sizes: Sequence[int]) -> float:
+        """Server prompt tokens per simulator token, over plain-text prompts."""
+        ratios = []
+        for size in sizes:
+            text = probe_text(size, self.rng)
+            body = {"model": self.model, "prompt": text, "max_tokens": 1}
+            r = await self.client.post("/v1/completions", json=body)
+            if r.status_code == 200:
+                ratios.append(r.json()["usage"]["prompt_tokens"] / estimate_text_tokens(text))
+        return statistics.median(ratios) if ratios else 1.0
 
 
 async def measure(
@@ -177,15 +145,13 @@ async def measure(
         await prober.stream(plan.short_prompt, 4)  # warm-up, not measured
         m.round_trip = await _round_trip(client)
         for batch in plan.batches:
-            m.decode.append(await _decode_point(prober, batch, plan.short_prompt, plan.decode_tokens))
-        m.decode.append(await _decode_point(prober, plan.context_batch, plan.long_prompt, plan.decode_tokens))
-        ratios = []
+            m.decode.append(await prober.decode_point(batch, plan.short_prompt, plan.decode_tokens))
+        m.decode.append(await prober.decode_point(plan.context_batch, plan.long_prompt, plan.decode_tokens))
         for size in plan.prefill_prompts:
             runs = [await prober.stream(size, 2) for _ in range(plan.repeats)]
             # The median of repeats: one slow outlier (a busy client) must not tilt the line.
             m.prefill.append((runs[0].prompt_tokens, statistics.median(r.ttft for r in runs)))
-            ratios += [r.server_prompt_tokens / r.prompt_tokens for r in runs]
-        m.token_ratio = statistics.median(ratios)
+        m.token_ratio = await prober.text_ratio((64, 256) if quick else (64, 256, 512))
     return m
 
 
@@ -213,11 +179,12 @@ async def _server_facts(client: httpx.AsyncClient, model: str | None) -> Measure
         m.version = version.json().get("version")
     metrics = await client.get("/metrics")
     if metrics.status_code == 200:
-        m.num_gpu_blocks, m.block_size = _cache_config(metrics.text)
+        m.num_gpu_blocks, m.block_size = cache_config(metrics.text)
     return m
 
 
-def _cache_config(text: str) -> tuple[int | None, int | None]:
+def cache_config(text: str) -> tuple[int | None, int | None]:
+    """num_gpu_blocks and block_size from `vllm:cache_config_info`."""
     for line in text.splitlines():
         if line.startswith("vllm:cache_config_info{"):
             labels = dict(
@@ -231,59 +198,7 @@ def _cache_config(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-# ---- fitting ---------------------------------------------------------------------------------
-def least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
-    """Ordinary least squares by the normal equations (a handful of columns)."""
-    k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
-    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
-    for col in range(k):
-        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
-        if abs(a[pivot][col]) < 1e-300:
-            raise CalibrationError("the probes do not determine every coefficient")
-        a[col], a[pivot] = a[pivot], a[col]
-        b[col], b[pivot] = b[pivot], b[col]
-        for i in range(k):
-            if i != col:
-                f = a[i][col] / a[col][col]
-                a[i] = [x - f * y for x, y in zip(a[i], a[col], strict=True)]
-                b[i] -= f * b[col]
-    return [b[i] / a[i][i] for i in range(k)]
-
-
-def nonnegative_least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
-    """Least squares with every coefficient ≥ 0: drop the most negative column and refit."""
-    active = list(range(len(rows[0])))
-    while active:
-        coef = least_squares([[r[i] for i in active] for r in rows], ys)
-        worst = min(range(len(active)), key=lambda i: coef[i])
-        if coef[worst] >= 0:
-            out = [0.0] * len(rows[0])
-            for i, c in zip(active, coef, strict=True):
-                out[i] = c
-            return out
-        del active[worst]
-    return [0.0] * len(rows[0])
-
-
-def fit(m: Measurements) -> StepTimeModel:
-    if len(m.decode) < 3 or len(m.prefill) < 2:
-        raise CalibrationError("not enough probe points to fit")
-    rows = [[1.0, float(b), b * ctx] for b, ctx, _ in m.decode]
-    c0, c_decode, c_ctx = nonnegative_least_squares(rows, [t for _, _, t in m.decode])
-    intercept, slope = nonnegative_least_squares(
-        [[1.0, float(p)] for p, _ in m.prefill], [t for _, t in m.prefill]
-    )
-    return StepTimeModel(
-        c0=c0,
-        c_prefill=max(0.0, slope - c_ctx),
-        c_decode=c_decode,
-        c_ctx=c_ctx,
-        frontend_s=max(0.0, intercept - c0 - m.round_trip),
-    )
-
-
-def to_preset(m: Measurements, timing: StepTimeModel, *, name: str, url: str) -> Preset:
+def to_preset(m: Measurements, *, name: str, url: str, stamp: str) -> Preset:
     engine: dict[str, Any] = {"max_model_len": m.max_model_len}
     if m.version:
         engine["version"] = m.version
@@ -291,29 +206,43 @@ def to_preset(m: Measurements, timing: StepTimeModel, *, name: str, url: str) ->
         engine["block_size"] = m.block_size
     engine["num_gpu_blocks"] = m.num_gpu_blocks or EngineConfig().num_gpu_blocks
     engine["max_num_batched_tokens"] = max(EngineConfig().max_num_batched_tokens, m.max_model_len)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return Preset(
         name=name,
         description=f"calibrated against {m.model} at {url} on {stamp}",
         model=m.model,
-        timing=timing,
+        timing=fit(m),
         engine=EngineConfig.from_mapping(engine),
     )
 
 
-def report(m: Measurements, timing: StepTimeModel) -> str:
-    """The probe points beside the fitted model's predictions, as YAML comments."""
-    lines = ["# decode probes: batch, mean context, measured step ms, model step ms"]
-    for b, ctx, t in m.decode:
-        model = timing.step_time(0, b, round(b * ctx))
-        lines.append(f"#   {b:4d} {ctx:8.0f} {t * 1e3:9.3f} {model * 1e3:9.3f}")
-    lines.append(f"# idle HTTP round trip: {m.round_trip * 1e3:.3f} ms (not part of frontend_s)")
-    lines.append(f"# server tokens per simulator token on the probe texts: {m.token_ratio:.3f}")
-    lines.append("# prefill probes: prompt tokens, measured TTFT ms, model TTFT ms (with round trip)")
-    for p, t in m.prefill:
-        model = m.round_trip + timing.frontend_s + timing.step_time(p, 0, p)
-        lines.append(f"#   {p:6d} {t * 1e3:9.3f} {model * 1e3:9.3f}")
-    return "\n".join(lines) + "\n"
+def host_description() -> str:
+    """CPU model, core count and vector extensions: what the fitted numbers depend on."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    cores = len(os.sched_getaffinity(0))
+    return f"{model}, {cores} cores, {vector}"
+
+
+def header(
+    m: Measurements, preset: Preset, *, url: str, stamp: str, command: str, notes: Sequence[str]
+) -> str:
+    lines = [
+        f"{preset.name}: {m.model} (vLLM {m.version or '?'}) measured at {url} on {stamp}",
+        f"host: {host_description()}",
+        f"command: {command}",
+        *notes,
+        *report(m, preset.timing),
+    ]
+    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
 
 
 async def calibrate_to_file(
@@ -324,9 +253,12 @@ async def calibrate_to_file(
     model: str | None = None,
     name: str = "calibrated",
     quick: bool = False,
+    command: str = "lane-router sim calibrate",
+    notes: Sequence[str] = (),
 ) -> Preset:
     m = await measure(url, api_key=api_key, model=model, quick=quick)
-    timing = fit(m)
-    preset = to_preset(m, timing, name=name, url=url)
-    await asyncio.to_thread(out.write_text, report(m, timing) + preset.to_yaml())
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    preset = to_preset(m, name=name, url=url, stamp=stamp)
+    text = header(m, preset, url=url, stamp=stamp, command=command, notes=notes) + preset.to_yaml()
+    await asyncio.to_thread(out.write_text, text)
     return preset

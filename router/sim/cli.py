@@ -78,22 +78,32 @@ def register(subparsers: Any) -> None:
     cal.add_argument("--out", type=Path, required=True, help="preset file to write")
     cal.add_argument("--name", help="preset name (default: the file's stem)")
     cal.add_argument("--quick", action="store_true", help="fewer, shorter probes")
+    cal.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a line for the preset's comment block, e.g. how the server was started (repeatable)",
+    )
     cal.set_defaults(func=cmd_calibrate)
     cmp_ = sub.add_parser(
         "compare",
-        help="run one mixed workload against a real vLLM and a simulator, compare",
-        description="Send the same seeded mixed workload to both servers; compare TTFT/ITL "
-        "p50/p95 (within 25 %% by default) and prefix-cache hit rate (10 points). "
-        "Exit 0 when every metric is within tolerance.",
+        help="run one workload against a real vLLM and a simulator, compare",
+        description="Send the same seeded workload to both servers, one concurrency level at a "
+        "time (real first, then the simulator). `latency`: prompts 50-1,500 tokens, outputs "
+        "16-256; compares TTFT/ITL p50/p95 (within 25 %% by default). `prefix`: 5 documents x "
+        "several questions; compares the prefix-cache hit rate (within 10 points). Prints a "
+        "Markdown table; exit 0 when every metric is within tolerance.",
     )
     cmp_.add_argument("--real", required=True, help="base URL of the real vLLM")
     cmp_.add_argument("--sim", required=True, help="base URL of the simulator")
     cmp_.add_argument("--real-api-key")
     cmp_.add_argument("--sim-api-key")
-    cmp_.add_argument("--requests", type=int, default=60)
-    cmp_.add_argument("--concurrency", type=int, default=4)
-    cmp_.add_argument("--max-model-len", type=int, default=2048)
+    cmp_.add_argument("--workload", choices=["latency", "prefix"], default="latency")
+    cmp_.add_argument("--requests", type=int, default=80, help="requests per concurrency level")
+    cmp_.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.add_argument("--tolerance", type=float, default=0.25, help="relative, for latencies")
+    cmp_.add_argument("--hit-rate-points", type=float, default=10.0)
     cmp_.set_defaults(func=cmd_compare)
 
 
@@ -185,7 +195,8 @@ async def _serve(specs: list[Any]) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from router.sim.calibrate import CalibrationError, calibrate_to_file
+    from router.sim.calibrate import calibrate_to_file
+    from router.sim.fitting import CalibrationError
 
     try:
         preset = asyncio.run(
@@ -196,6 +207,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 model=args.model,
                 name=args.name or args.out.stem,
                 quick=args.quick,
+                command=" ".join(["lane-router", "sim", "calibrate", *_calibrate_argv(args)]),
+                notes=args.note,
             )
         )
     except CalibrationError as err:
@@ -209,20 +222,37 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_argv(args: argparse.Namespace) -> list[str]:
+    """The calibrate command line as given, without the key and notes (recorded in the preset)."""
+    argv = ["--url", args.url, "--out", str(args.out)]
+    if args.model:
+        argv += ["--model", args.model]
+    if args.name:
+        argv += ["--name", args.name]
+    return argv + (["--quick"] if args.quick else [])
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from router.sim.compare import compare, format_checks, mixed_workload, run_workload
-
-    bodies = mixed_workload(args.requests, seed=args.seed, max_model_len=args.max_model_len)
-
-    async def both() -> list[Any]:
-        real = await run_workload(args.real, bodies, concurrency=args.concurrency, api_key=args.real_api_key)
-        sim = await run_workload(args.sim, bodies, concurrency=args.concurrency, api_key=args.sim_api_key)
-        return compare(real, sim)
+    from router.sim.compare import compare_levels, format_levels
+    from router.sim.streamclient import StreamError
 
     try:
-        checks = asyncio.run(both())
-    except (OSError, RuntimeError, ValueError) as err:
+        levels = asyncio.run(
+            compare_levels(
+                args.real,
+                args.sim,
+                workload=args.workload,
+                levels=args.concurrency,
+                requests=args.requests,
+                seed=args.seed,
+                real_api_key=args.real_api_key,
+                sim_api_key=args.sim_api_key,
+                latency_tolerance=args.tolerance,
+                hit_rate_points=args.hit_rate_points,
+            )
+        )
+    except (OSError, StreamError, ValueError) as err:
         print(f"lane-router sim compare: {err}", file=sys.stderr)
         return 1
-    print(format_checks(checks))
-    return 0 if all(c.ok for c in checks) else 1
+    print(format_levels(levels))
+    return 0 if all(c.ok for level in levels for c in level.checks) else 1

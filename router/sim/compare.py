@@ -1,26 +1,47 @@
-"""Faithfulness check: the same short mixed workload against a real vLLM and the simulator.
+"""Faithfulness check: the same workload against a real vLLM and the simulator, side by side.
 
-The workload (seeded) mixes short chats, RAG questions over a few shared documents and long
-prompts, sent with bounded concurrency and `ignore_eos` so both servers do the same work. Each
-side reports TTFT and ITL (p50, p95, measured by the client) and the prefix-cache hit rate
-(from the server's own `vllm:prefix_cache_*` counters). The simulator passes when every latency
-is within `latency_tolerance` (relative) of the real one and the hit rate within
-`hit_rate_points` percentage points.
+Two seeded workloads, sent with bounded concurrency, token-id prompts and `ignore_eos` so both
+servers do exactly the same work:
+
+* `latency` — independent requests, prompts 50–1,500 tokens and outputs 16–256 (both
+  log-uniform), no shared prefixes. Each side reports TTFT and ITL (p50, p95) as the client sees
+  them; each concurrency level gets its own prompts, so a level never hits blocks cached by an
+  earlier one;
+* `prefix` — a few documents, each asked several questions in shuffled order; each side reports
+  its prefix-cache hit rate from its own `vllm:prefix_cache_*` counters (deltas over the run).
+
+The two servers run one level after the other (real, then simulator) so that both see about the
+same machine; the 1-minute load average at each level is reported with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import math
+import os
 import random
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
-import orjson
+
+from router.sim.streamclient import (
+    TimedStream,
+    completion_body,
+    prefix_counters,
+    served_model,
+    timed_stream,
+    token_prompt,
+)
+
+LATENCY_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    prompt: list[int]
+    max_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,126 +61,169 @@ class Check:
     sim: float
     ok: bool
 
+    @property
+    def error(self) -> float:
+        """Relative error for latencies; difference in percentage points for the hit rate."""
+        if self.name == "hit_rate":
+            return (self.sim - self.real) * 100
+        return (self.sim - self.real) / self.real if self.real else math.inf
 
-def mixed_workload(n: int, *, seed: int = 0, max_model_len: int = 2048) -> list[dict[str, Any]]:
-    """`n` completion bodies; prompts stay within half the context."""
+
+def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def latency_workload(
+    n: int, *, seed: int = 0, prompt: tuple[int, int] = (50, 1500), output: tuple[int, int] = (16, 256)
+) -> list[Job]:
     rng = random.Random(seed)
-    words = ("engine", "block", "prefix", "token", "stream", "cache", "batch", "queue", "model")
-    budget = max_model_len // 2
-
-    def text(tokens: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(tokens))[: tokens * 4]
-
-    docs = [text(min(600, budget - 80)) for _ in range(3)]
-    bodies = []
-    for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            prompt, out = f"{i} " + text(rng.randint(40, min(300, budget))), rng.randint(24, 64)
-        elif kind == 1:
-            prompt, out = rng.choice(docs) + f" question {i}: " + text(20), 16
-        else:
-            prompt, out = f"{i} " + text(min(1200, budget)), 8
-        bodies.append(
-            {
-                "prompt": prompt,
-                "max_tokens": out,
-                "min_tokens": out,
-                "ignore_eos": True,
-                "stream": True,
-                "temperature": 0.0,
-            }
-        )
-    return bodies
+    return [Job(token_prompt(rng, _log_uniform(rng, *prompt)), _log_uniform(rng, *output)) for _ in range(n)]
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def prefix_workload(
+    docs: int = 5,
+    questions: int = 6,
+    *,
+    seed: int = 0,
+    doc_tokens: tuple[int, int] = (400, 1400),
+    question_tokens: tuple[int, int] = (20, 80),
+    output: int = 16,
+) -> list[Job]:
+    """`docs` documents × `questions` questions each, shuffled."""
+    rng = random.Random(seed)
+    texts = [token_prompt(rng, rng.randint(*doc_tokens)) for _ in range(docs)]
+    jobs = [
+        Job(doc + token_prompt(rng, rng.randint(*question_tokens)), output)
+        for doc in texts
+        for _ in range(questions)
+    ]
+    rng.shuffle(jobs)
+    return jobs
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
-async def _prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
-    hits = queries = 0.0
-    for line in (await client.get("/metrics")).text.splitlines():
-        if line.startswith("vllm:prefix_cache_hits_total"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:prefix_cache_queries_total"):
-            queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
-
-
-async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, list[float]]:
-    start = time.perf_counter()
-    times: list[float] = []
-    async with client.stream("POST", "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                event = orjson.loads(line[6:])
-                if event.get("choices") and event["choices"][0].get("text"):
-                    times.append(time.perf_counter())
-    if not times:
-        raise RuntimeError("a stream produced no text")
-    return times[0] - start, [b - a for a, b in itertools.pairwise(times)]
+def summarize(streams: Sequence[TimedStream], hit_rate: float) -> Observed:
+    ttfts = [s.ttft for s in streams]
+    itls = [g for s in streams for g in s.gaps]
+    return Observed(
+        ttft_p50=statistics.median(ttfts),
+        ttft_p95=percentile(ttfts, 0.95),
+        itl_p50=statistics.median(itls) if itls else 0.0,
+        itl_p95=percentile(itls, 0.95) if itls else 0.0,
+        hit_rate=hit_rate,
+        requests=len(streams),
+    )
 
 
 async def run_workload(
-    url: str,
-    bodies: Sequence[dict[str, Any]],
-    *,
-    concurrency: int = 4,
-    api_key: str | None = None,
-    model: str | None = None,
+    url: str, jobs: Sequence[Job], *, concurrency: int = 4, api_key: str | None = None
 ) -> Observed:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=300) as client:
-        if model is None:
-            model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        hits0, queries0 = await _prefix_counters(client)
+    limits = httpx.Limits(max_connections=concurrency + 2)
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"), headers=headers, timeout=300, limits=limits
+    ) as client:
+        model, _ = await served_model(client)
+        hits0, queries0 = await prefix_counters(client)
         gate = asyncio.Semaphore(concurrency)
 
-        async def limited(body: dict[str, Any]) -> tuple[float, list[float]]:
+        async def limited(job: Job) -> TimedStream:
             async with gate:
-                return await _one(client, {**body, "model": model})
+                return await timed_stream(client, completion_body(model, job.prompt, job.max_tokens))
 
-        results = await asyncio.gather(*(limited(b) for b in bodies))
-        hits1, queries1 = await _prefix_counters(client)
-    ttfts = [r[0] for r in results]
-    itls = [g for r in results for g in r[1]]
+        streams = await asyncio.gather(*(limited(j) for j in jobs))
+        hits1, queries1 = await prefix_counters(client)
     queries = queries1 - queries0
-    return Observed(
-        ttft_p50=statistics.median(ttfts),
-        ttft_p95=_percentile(ttfts, 0.95),
-        itl_p50=statistics.median(itls),
-        itl_p95=_percentile(itls, 0.95),
-        hit_rate=(hits1 - hits0) / queries if queries else 0.0,
-        requests=len(results),
-    )
+    return summarize(streams, (hits1 - hits0) / queries if queries else 0.0)
 
 
 def compare(
-    real: Observed, sim: Observed, *, latency_tolerance: float = 0.25, hit_rate_points: float = 10.0
+    real: Observed,
+    sim: Observed,
+    *,
+    latency_tolerance: float = 0.25,
+    hit_rate_points: float = 10.0,
+    metrics: Sequence[str] = (*LATENCY_METRICS, "hit_rate"),
 ) -> list[Check]:
     checks = []
-    for name in ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95"):
+    for name in metrics:
         r, s = getattr(real, name), getattr(sim, name)
-        checks.append(Check(name, r, s, abs(s - r) <= latency_tolerance * r))
-    checks.append(
-        Check(
-            "hit_rate",
-            real.hit_rate,
-            sim.hit_rate,
-            abs(sim.hit_rate - real.hit_rate) * 100 <= hit_rate_points,
-        )
-    )
+        if name == "hit_rate":
+            ok = abs(s - r) * 100 <= hit_rate_points
+        else:
+            ok = abs(s - r) <= latency_tolerance * r
+        checks.append(Check(name, r, s, ok))
     return checks
 
 
 def format_checks(checks: Sequence[Check]) -> str:
-    lines = [f"{'metric':10} {'real':>10} {'sim':>10}  result"]
+    lines = [f"{'metric':10} {'real':>10} {'sim':>10} {'error':>8}  result"]
     for c in checks:
-        unit = 1.0 if c.name == "hit_rate" else 1e3
-        lines.append(
-            f"{c.name:10} {c.real * unit:10.3f} {c.sim * unit:10.3f}  {'ok' if c.ok else 'OUT OF TOLERANCE'}"
-        )
+        if c.name == "hit_rate":
+            values, err = f"{c.real * 100:9.1f}% {c.sim * 100:9.1f}%", f"{c.error:+6.1f}pt"
+        else:
+            values, err = f"{c.real * 1e3:8.2f}ms {c.sim * 1e3:8.2f}ms", f"{c.error * 100:+6.0f}%"
+        lines.append(f"{c.name:10} {values} {err:>8}  {'ok' if c.ok else 'OUT OF TOLERANCE'}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    concurrency: int
+    load: float  # 1-minute load average when the level started
+    checks: list[Check]
+
+
+async def compare_levels(
+    real_url: str,
+    sim_url: str,
+    *,
+    workload: str,
+    levels: Sequence[int],
+    requests: int,
+    seed: int = 0,
+    real_api_key: str | None = None,
+    sim_api_key: str | None = None,
+    latency_tolerance: float = 0.25,
+    hit_rate_points: float = 10.0,
+) -> list[Level]:
+    out = []
+    for i, concurrency in enumerate(levels):
+        if workload == "prefix":
+            jobs = prefix_workload(questions=max(2, requests // 5), seed=seed + i)
+            metrics: tuple[str, ...] = ("hit_rate",)
+        else:
+            jobs = latency_workload(requests, seed=seed + i)
+            metrics = LATENCY_METRICS
+        load = os.getloadavg()[0]
+        real = await run_workload(real_url, jobs, concurrency=concurrency, api_key=real_api_key)
+        sim = await run_workload(sim_url, jobs, concurrency=concurrency, api_key=sim_api_key)
+        checks = compare(
+            real, sim, latency_tolerance=latency_tolerance, hit_rate_points=hit_rate_points, metrics=metrics
+        )
+        out.append(Level(concurrency, load, checks))
+    return out
+
+
+def format_levels(levels: Sequence[Level]) -> str:
+    """A Markdown table: one row per concurrency level, real / sim / error for each metric."""
+    names = [c.name for c in levels[0].checks]
+    head = "| conc | load | " + " | ".join(f"{n} real | sim | err" for n in names) + " |"
+    rule = "|" + "---|" * (2 + 3 * len(names))
+    rows = [head, rule]
+    for level in levels:
+        cells = [str(level.concurrency), f"{level.load:.1f}"]
+        for c in level.checks:
+            if c.name == "hit_rate":
+                mark = "" if c.ok else " ✗"
+                cells += [f"{c.real * 100:.1f}%", f"{c.sim * 100:.1f}%", f"{c.error:+.1f} pt{mark}"]
+            else:
+                mark = "" if c.ok else " ✗"
+                cells += [f"{c.real * 1e3:.1f}", f"{c.sim * 1e3:.1f}", f"{c.error * 100:+.0f}%{mark}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -4,17 +4,18 @@ from pathlib import Path
 
 import pytest
 
-from router.sim.calibrate import (
+from router.sim.calibrate import calibrate_to_file, max_overlap
+from router.sim.config import EngineConfig
+from router.sim.fitting import (
     CalibrationError,
     Measurements,
-    calibrate_to_file,
     fit,
     least_squares,
     nonnegative_least_squares,
 )
-from router.sim.config import EngineConfig
 from router.sim.serve import EngineSpec, SimCluster
 from router.sim.server import ServerSettings
+from router.sim.streamclient import TimedStream
 from router.sim.timing import StepTimeModel, load_preset
 
 TRUE = StepTimeModel(c0=0.015, c_prefill=4e-5, c_decode=0.002, c_ctx=2e-6, frontend_s=0.006)
@@ -30,12 +31,29 @@ def test_least_squares_recovers_exact_coefficients() -> None:
 def test_fit_inverts_the_model_on_exact_points() -> None:
     m = Measurements(model="m", max_model_len=4096)
     for b, ctx in ((1, 50), (4, 50), (16, 50), (8, 1000)):
-        m.decode.append((b, ctx, TRUE.step_time(0, b, b * ctx)))
+        m.decode.append((b, b, ctx, TRUE.step_time(0, b, b * ctx)))
     for p in (16, 256, 1024):
         m.prefill.append((p, TRUE.frontend_s + TRUE.step_time(p, 0, p)))
     got = fit(m)
     for name in ("c0", "c_prefill", "c_decode", "c_ctx", "frontend_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+
+
+def test_fit_uses_the_batch_the_server_ran_not_the_streams_sent() -> None:
+    m = Measurements(model="m", max_model_len=4096)
+    for sent, ran, ctx in ((1, 1, 50), (4, 4, 50), (16, 16, 50), (32, 16, 50), (8, 8, 1000)):
+        m.decode.append((sent, ran, ctx, TRUE.step_time(0, ran, ran * ctx)))
+    m.prefill += [(p, TRUE.step_time(p, 0, p)) for p in (16, 1024)]
+    assert fit(m).c_decode == pytest.approx(TRUE.c_decode, rel=0.05)
+
+
+def test_max_overlap_counts_streams_producing_at_once() -> None:
+    def s(first: float, last: float) -> TimedStream:
+        return TimedStream(0.0, [first, last], 8)
+
+    assert max_overlap([s(0, 10), s(1, 9), s(2, 8)]) == 3
+    # The second wave starts when the first ends: a server running two at a time.
+    assert max_overlap([s(0, 5), s(0, 5), s(5, 9), s(5, 9)]) == 2
 
 
 def test_fit_refuses_too_few_points() -> None:
@@ -44,10 +62,11 @@ def test_fit_refuses_too_few_points() -> None:
 
 
 async def test_calibrating_against_a_simulated_server_recovers_its_timing(tmp_path: Path) -> None:
+    # max_num_seqs below the 16-stream probe: calibration must see that only 8 ran at once.
     config = EngineConfig(
         max_model_len=4096,
         max_num_batched_tokens=4096,
-        max_num_seqs=64,
+        max_num_seqs=8,
         num_gpu_blocks=3000,
         version="0.31.1",
     )
@@ -61,6 +80,9 @@ async def test_calibrating_against_a_simulated_server_recovers_its_timing(tmp_pa
     async with SimCluster([spec]) as cluster:
         preset = await calibrate_to_file(cluster.urls[0], out, api_key="k", name="fitted", quick=True)
     got = preset.timing
+    text = out.read_text()
+    assert "#     16    8 " in text  # 16 streams sent, 8 run at once
+    assert "server tokens per simulator token on plain text: 1.000" in text
     assert got.c0 == pytest.approx(TRUE.c0, rel=0.25)
     assert got.c_decode == pytest.approx(TRUE.c_decode, rel=0.25)
     assert got.c_ctx == pytest.approx(TRUE.c_ctx, rel=0.5)

@@ -2,17 +2,46 @@ from __future__ import annotations
 
 import pytest
 
-from router.sim.compare import Observed, compare, mixed_workload, run_workload
+from router.sim.compare import (
+    Check,
+    Level,
+    Observed,
+    compare,
+    format_levels,
+    latency_workload,
+    percentile,
+    prefix_workload,
+    run_workload,
+)
 from router.sim.config import EngineConfig
 from router.sim.serve import EngineSpec, SimCluster
 from router.sim.timing import StepTimeModel
-from router.tokens import estimate_text_tokens
+
+BASE = StepTimeModel(c0=0.004, c_prefill=2e-5, c_decode=2e-4, c_ctx=1e-7, frontend_s=0.003)
 
 
-def test_workload_is_seeded_and_fits_the_context() -> None:
-    a, b = mixed_workload(30, seed=4, max_model_len=2048), mixed_workload(30, seed=4, max_model_len=2048)
-    assert a == b and a != mixed_workload(30, seed=5, max_model_len=2048)
-    assert all(estimate_text_tokens(x["prompt"]) + x["max_tokens"] <= 2048 for x in a)
+def test_latency_workload_is_seeded_and_within_its_ranges() -> None:
+    a, b = latency_workload(40, seed=4), latency_workload(40, seed=4)
+    assert a == b and a != latency_workload(40, seed=5)
+    assert all(50 <= len(j.prompt) <= 1500 and 16 <= j.max_tokens <= 256 for j in a)
+    # Log-uniform: both ends of each range show up, not only the middle.
+    assert min(len(j.prompt) for j in a) < 150 and max(len(j.prompt) for j in a) > 700
+    # Independent requests: no two share a first KV block.
+    assert len({tuple(j.prompt[:16]) for j in a}) == len(a)
+
+
+def test_prefix_workload_repeats_each_document() -> None:
+    jobs = prefix_workload(docs=5, questions=4, seed=1)
+    assert len(jobs) == 20
+    heads = {tuple(j.prompt[:400]) for j in jobs}  # documents are ≥ 400 tokens
+    assert len(heads) == 5
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.95) == 95.0
+    assert percentile(values, 0.5) == 50.0
+    assert percentile([3.0], 0.95) == 3.0
 
 
 def test_compare_applies_both_tolerances() -> None:
@@ -22,17 +51,52 @@ def test_compare_applies_both_tolerances() -> None:
     assert all(c.ok for c in compare(real, close))
     bad = {c.name for c in compare(real, far) if not c.ok}
     assert bad == {"ttft_p50", "hit_rate"}
+    assert compare(real, far)[0].error == pytest.approx(0.30)
+
+
+def test_levels_table_marks_misses() -> None:
+    checks = [Check("ttft_p50", 0.010, 0.0135, False), Check("itl_p50", 0.002, 0.0021, True)]
+    table = format_levels([Level(4, 1.5, checks)]).splitlines()
+    assert table[0].startswith("| conc | load | ttft_p50 real")
+    assert table[2] == "| 4 | 1.5 | 10.0 | 13.5 | +35% ✗ | 2.0 | 2.1 | +5% |"
 
 
 async def test_two_identical_simulators_agree_and_a_slower_one_does_not() -> None:
     config = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, num_gpu_blocks=4096)
-    base = StepTimeModel(c0=0.008, c_prefill=2e-5, c_decode=2e-4, c_ctx=1e-7, frontend_s=0.003)
-    slow = StepTimeModel(c0=0.016, c_prefill=4e-5, c_decode=4e-4, c_ctx=2e-7, frontend_s=0.006)
-    bodies = mixed_workload(18, seed=1, max_model_len=2048)
-    specs = [EngineSpec(port=0, config=config, timing=t) for t in (base, base, slow)]
+    slow = StepTimeModel(c0=0.008, c_prefill=4e-5, c_decode=4e-4, c_ctx=2e-7, frontend_s=0.006)
+    jobs = latency_workload(16, seed=1, output=(16, 48))
+    specs = [EngineSpec(port=0, config=config, timing=t) for t in (BASE, BASE, slow)]
     async with SimCluster(specs) as cluster:
-        ref, twin, slower = [await run_workload(u, bodies, concurrency=3) for u in cluster.urls]
-    assert ref.hit_rate > 0.1  # the RAG documents repeat
-    assert [c.name for c in compare(ref, twin) if not c.ok] == []
+        ref, twin, slower = [await run_workload(u, jobs, concurrency=4) for u in cluster.urls]
+    assert ref.hit_rate == 0.0  # random prompts share nothing
+    assert [c.name for c in compare(ref, twin, metrics=("ttft_p50", "itl_p50")) if not c.ok] == []
     assert {c.name for c in compare(ref, slower) if not c.ok} >= {"itl_p50", "ttft_p50"}
     assert slower.itl_p50 == pytest.approx(2 * ref.itl_p50, rel=0.3)
+
+
+async def test_prefix_hit_rate_is_what_the_block_size_allows() -> None:
+    """One at a time, a document's first request misses and every later one hits the document's
+    full blocks (the block holding the document's end and the question differs)."""
+    block = 128
+    jobs = prefix_workload(docs=3, questions=3, seed=2)
+    seen: set[tuple[int, ...]] = set()
+    hits = queries = 0
+    for job in jobs:
+        doc = max(_common_prefix(job.prompt, other.prompt) for other in jobs if other is not job)
+        key = tuple(job.prompt[:doc])
+        if key in seen:
+            hits += min(doc // block, (len(job.prompt) - 1) // block) * block
+        seen.add(key)
+        queries += len(job.prompt)
+    config = EngineConfig(max_model_len=2048, block_size=block, num_gpu_blocks=512)
+    async with SimCluster([EngineSpec(port=0, config=config, timing=BASE)]) as cluster:
+        got = await run_workload(cluster.urls[0], jobs, concurrency=1)
+    assert got.hit_rate == pytest.approx(hits / queries)
+    assert got.hit_rate > 0.3
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -1,0 +1,102 @@
+"""Admission decisions, pure: may a request start now, and on which backend of its pool?
+
+Two limits apply (DESIGN request path step 5):
+
+* per lane, `max_in_flight` requests at once;
+* per backend, the source's chunked-prefill rule enforced by the router on any vLLM version: at
+  most `max_prefilling` requests still waiting for their first token, of which at most
+  `max_long_prefilling` long ones. `max_long_prefilling < max_prefilling` (validated), so
+  however many long prompts are queued, a short one always finds room to enter the scheduler.
+
+The waiting itself (a priority queue with deadlines) is `router.gate.PoolGate`; this module
+holds only the rules, so the virtual-clock simulator and tests can call them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from router.balance import Affinity, Balancer, Candidate
+from router.config.models import DEFAULT_LONG_PROMPT_TOKENS, PoolConfig
+
+
+class PrefillCounts(Candidate, Protocol):
+    @property
+    def prefilling(self) -> int: ...
+
+    @property
+    def long_prefilling(self) -> int: ...
+
+
+B = TypeVar("B", bound=PrefillCounts)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillLimits:
+    """A pool's per-backend partial-prefill limits; `max_prefilling=None` means no limit."""
+
+    max_prefilling: int | None = None
+    max_long_prefilling: int | None = None
+    long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS
+    prefill_tokens_per_s: float | None = None
+
+    @classmethod
+    def for_pool(cls, pool: PoolConfig) -> PrefillLimits:
+        adm = pool.admission
+        threshold = adm.long_prompt_tokens
+        if threshold is None:
+            vllm_threshold = pool.vllm.long_prefill_token_threshold
+            threshold = vllm_threshold if vllm_threshold > 0 else DEFAULT_LONG_PROMPT_TOKENS
+        return cls(
+            max_prefilling=adm.max_prefilling,
+            max_long_prefilling=adm.max_long_prefilling,
+            long_prompt_tokens=threshold,
+            prefill_tokens_per_s=adm.prefill_tokens_per_s,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_prefilling is not None
+
+    def is_long(self, prompt_tokens: int) -> bool:
+        return prompt_tokens > self.long_prompt_tokens
+
+    def refuses(self, long: bool) -> bool:
+        """`max_long_prefilling: 0` keeps long prompts off the pool entirely."""
+        return long and self.max_long_prefilling == 0
+
+    def has_room(self, backend: PrefillCounts, long: bool) -> bool:
+        limit = self.max_prefilling
+        if limit is None:
+            return True
+        if backend.prefilling >= limit:
+            return False
+        long_limit = self.max_long_prefilling
+        return not long or long_limit is None or backend.long_prefilling < long_limit
+
+    def blind_hold_s(self, prompt_tokens: int) -> float | None:
+        """How long a non-streamed request (whose first token cannot be seen) counts as
+        prefilling, if the pool says how fast it prefills; None: until its response starts."""
+        rate = self.prefill_tokens_per_s
+        return None if rate is None else prompt_tokens / rate
+
+
+def lane_has_room(in_flight: int, max_in_flight: int | None) -> bool:
+    return max_in_flight is None or in_flight < max_in_flight
+
+
+def choose_backend(
+    candidates: Sequence[B],
+    limits: PrefillLimits,
+    long: bool,
+    balancer: Balancer,
+    affinity: Affinity,
+) -> B | None:
+    """The balancer's pick among the candidates with prefill room; None when none has room."""
+    if limits.max_prefilling is not None:
+        candidates = [c for c in candidates if limits.has_room(c, long)]
+    if not candidates:
+        return None
+    return balancer.pick(candidates, affinity)

@@ -1,0 +1,236 @@
+"""Admission to one pool, with waiting: the I/O edge of `router.admission`.
+
+A request holds a `Ticket` from admission to its end. Taking a slot counts it against its lane
+(`max_in_flight`) and against one backend (in flight, and prefilling until its first token).
+When no slot is free the request waits in the pool's queue: lanes in priority order (lower
+`priority` first), FIFO within a lane, each lane's queue bounded by `queue_limit` and each
+wait by `queue_timeout_s` (then 503 with Retry-After).
+
+A released slot is handed to a waiter directly (the waiter's future receives its backend), so a
+request arriving later cannot take it first. A pass over the queue skips, at O(1) each, waiters
+that cannot go for a reason already seen: a long prompt blocked by the long-prefill limit does
+not hold up the short prompts behind it.
+
+The common case — nobody waiting and a slot free — costs no future, no task and no timer."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from router.admission import PrefillLimits, choose_backend, lane_has_room
+from router.balance import Affinity
+from router.errors import Unavailable
+
+if TYPE_CHECKING:
+    from router.runtime import Backend, Lane
+
+_SCAN_LIMIT = 256  # waiters looked at per pass, so one release never costs more than this
+_NO_BACKEND_RETRY_AFTER_S = 2.0
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's claim on its pool, and what it holds right now."""
+
+    lane: Lane
+    long: bool
+    affinity: Affinity
+    tried: frozenset[Backend] = frozenset()  # backends this request was sent to
+    holds_lane: bool = False
+    backend: Backend | None = None
+    prefilling: bool = False
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    ticket: Ticket
+    future: asyncio.Future[Backend]
+    counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
+
+
+class PoolGate:
+    def __init__(
+        self, limits: PrefillLimits, routable: Callable[[frozenset[Backend]], list[Backend]]
+    ) -> None:
+        self.limits = limits
+        self._routable = routable
+        self._queues: dict[int, deque[_Waiter]] = {}
+        self._priorities: list[int] = []
+        self.waiting = 0
+
+    # -- taking and giving back -------------------------------------------------------------
+
+    def try_take(self, ticket: Ticket) -> Backend | None:
+        lane = ticket.lane
+        if not ticket.holds_lane:
+            limit = lane.config.max_in_flight
+            if limit is not None and lane.in_flight >= limit:
+                return None
+        candidates = self._routable(ticket.tried)
+        backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
+        if backend is None:
+            return None
+        if not ticket.holds_lane:
+            ticket.holds_lane = True
+            lane.in_flight += 1
+        backend.in_flight += 1
+        backend.prefilling += 1
+        if ticket.long:
+            backend.long_prefilling += 1
+        ticket.backend = backend
+        ticket.prefilling = True
+        return backend
+
+    def end_prefill(self, ticket: Ticket) -> None:
+        """The request's first token arrived (or it stopped waiting for one)."""
+        if not ticket.prefilling:
+            return
+        ticket.prefilling = False
+        if ticket.timer is not None:
+            ticket.timer.cancel()
+            ticket.timer = None
+        backend = ticket.backend
+        assert backend is not None
+        backend.prefilling -= 1
+        if ticket.long:
+            backend.long_prefilling -= 1
+        if self.waiting:
+            self._grant()
+
+    def end_attempt(self, ticket: Ticket) -> None:
+        """The request is done with its backend (finished, failed, or moving to another)."""
+        backend = ticket.backend
+        if backend is None:
+            return
+        if ticket.prefilling:
+            self.end_prefill(ticket)
+        ticket.backend = None
+        backend.in_flight -= 1
+        if self.waiting:
+            self._grant()
+
+    def retry_elsewhere(self, ticket: Ticket) -> None:
+        """The attempt failed before any byte: give its backend back and never try it again."""
+        backend = ticket.backend
+        if backend is not None:
+            ticket.tried |= {backend}
+            self.end_attempt(ticket)
+
+    def finish(self, ticket: Ticket) -> None:
+        """Give back everything the ticket holds."""
+        self.end_attempt(ticket)
+        if ticket.holds_lane:
+            ticket.holds_lane = False
+            ticket.lane.in_flight -= 1
+            if self.waiting:
+                self._grant()
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def acquire(self, ticket: Ticket) -> Backend:
+        """A backend for the ticket, waiting in the queue when no slot is free now."""
+        if not self.waiting:
+            backend = self.try_take(ticket)
+            if backend is not None:
+                return backend
+        lane = ticket.lane
+        if self.limits.refuses(ticket.long):
+            raise Unavailable(
+                f"pool {lane.pool.name!r} admits no prompts above {self.limits.long_prompt_tokens} tokens",
+                code="long_prompt_refused",
+            )
+        if not self._routable(ticket.tried):
+            raise Unavailable(
+                f"no healthy backend in pool {lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
+            )
+        cfg = lane.config
+        if lane.waiting >= cfg.queue_limit:
+            raise Unavailable(
+                f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
+                code="queue_full",
+                retry_after=_retry_after(cfg.queue_timeout_s),
+            )
+        waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
+        self._enqueue(waiter)
+        try:
+            self._grant()
+            async with asyncio.timeout(cfg.queue_timeout_s):
+                return await waiter.future
+        except TimeoutError:
+            raise Unavailable(
+                f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
+                code="queue_timeout",
+                retry_after=_retry_after(cfg.queue_timeout_s),
+            ) from None
+        finally:
+            # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
+            # whose future is done is skipped by `_grant` and dropped from its queue there.
+            waiter.future.cancel()
+            self._left(waiter)
+            # A slot granted to a waiter that then gave up stays on the ticket: the caller's
+            # `finish` gives it back.
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        priority = waiter.ticket.lane.config.priority
+        queue = self._queues.get(priority)
+        if queue is None:
+            queue = self._queues[priority] = deque()
+            bisect.insort(self._priorities, priority)
+        queue.append(waiter)
+        waiter.ticket.lane.waiting += 1
+        self.waiting += 1
+
+    def _left(self, waiter: _Waiter) -> None:
+        if waiter.counted:
+            waiter.counted = False
+            waiter.ticket.lane.waiting -= 1
+            self.waiting -= 1
+
+    def _grant(self) -> None:
+        """Hand free slots to waiters in order, skipping those blocked for a known reason."""
+        budget = _SCAN_LIMIT
+        full_lanes: set[int] = set()
+        short_blocked = long_blocked = False
+        for priority in self._priorities:
+            queue = self._queues[priority]
+            kept: deque[_Waiter] = deque()
+            while queue and budget:
+                waiter = queue.popleft()
+                if waiter.future.done():
+                    continue  # gave up; already counted out
+                budget -= 1
+                ticket = waiter.ticket
+                lane = ticket.lane
+                blocked = long_blocked if ticket.long else short_blocked
+                if blocked or id(lane) in full_lanes:
+                    kept.append(waiter)
+                    continue
+                if not ticket.holds_lane and not lane_has_room(lane.in_flight, lane.config.max_in_flight):
+                    full_lanes.add(id(lane))
+                    kept.append(waiter)
+                    continue
+                backend = self.try_take(ticket)
+                if backend is None:
+                    # No backend has room for this length (or none is routable for this ticket).
+                    if ticket.long:
+                        long_blocked = True
+                    elif not ticket.tried:
+                        short_blocked = long_blocked = True
+                    kept.append(waiter)
+                    continue
+                self._left(waiter)
+                waiter.future.set_result(backend)
+            kept.extend(queue)
+            self._queues[priority] = kept
+            if short_blocked or not budget:
+                return
+
+
+def _retry_after(queue_timeout_s: float) -> float:
+    return max(1.0, min(queue_timeout_s, 10.0))

@@ -1,0 +1,124 @@
+"""One streamed completion timed by the client: what calibration and the faithfulness check see.
+
+Prompts are token ids, not text. The simulator has no tokenizer (it counts 4 characters a token)
+while a real server counts with its model's tokenizer, so the same text is a different number of
+tokens on each side; token ids are the same length everywhere and keep prefix sharing exact.
+
+Requests ask for `return_token_ids`, so vLLM puts every output token in its own event (without
+it, tokens that end inside a multi-byte character are held back and merged into the next event,
+which would hide a gap). The simulator ignores the flag and sends one event a token anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+# Drawn below 2000 so any vocabulary holds them (the tiny test model has 2,048 ids).
+FIRST_ID, LAST_ID = 3, 2000
+
+
+class StreamError(RuntimeError):
+    """A probe or workload request failed or produced no tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStream:
+    start: float
+    token_times: list[float]  # arrival of every output token, in order
+    prompt_tokens: int  # as the server counted the prompt (its usage report)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.start
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
+
+    @property
+    def end(self) -> float:
+        return self.token_times[-1]
+
+
+def token_prompt(rng: random.Random, length: int) -> list[int]:
+    """`length` random token ids: a fresh prompt shares no KV block with any other."""
+    return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(length)]
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """A streamed completion of exactly `max_tokens` tokens (greedy, end-of-sequence ignored)."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+
+
+def _event_tokens(choice: Mapping[str, Any]) -> int:
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
+async def timed_stream(
+    client: httpx.AsyncClient, body: Mapping[str, Any], on_token: Callable[[float], None] | None = None
+) -> TimedStream:
+    """Send `body` and time every token; `on_token` sees each arrival as it happens, so a caller
+    can follow a stream's progress while it runs."""
+    start = time.perf_counter()
+    times: list[float] = []
+    prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise StreamError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = orjson.loads(line[6:])
+            now = time.perf_counter()
+            for choice in event.get("choices") or ():
+                for _ in range(_event_tokens(choice)):
+                    times.append(now)
+                    if on_token is not None:
+                        on_token(now)
+            usage = event.get("usage")
+            if usage:
+                prompt_tokens = int(usage.get("prompt_tokens", prompt_tokens))
+    if not times:
+        raise StreamError("a stream produced no tokens")
+    return TimedStream(start, times, prompt_tokens)
+
+
+async def served_model(client: httpx.AsyncClient) -> tuple[str, int]:
+    """The first served model's name and context length."""
+    try:
+        data = (await client.get("/v1/models")).raise_for_status().json()["data"][0]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise StreamError(f"cannot list models: {exc}") from exc
+    return str(data["id"]), int(data.get("max_model_len") or 2048)
+
+
+async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
+    """`vllm:prefix_cache_hits_total` and `vllm:prefix_cache_queries_total`, summed over engines."""
+    hits = queries = 0.0
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            hits += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prefix_cache_queries_total"):
+            queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries

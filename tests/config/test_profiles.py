@@ -1,0 +1,140 @@
+"""The six profiles of config/profiles/: valid, comparable, and runnable against simulated pools."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from router.cli import main
+from router.config.load import load_profile
+from router.config.models import ALL_CLASSES
+from router.sim.cli import DEFAULT_PRESET
+from router.sim.timing import StepTimeModel, load_preset
+from tests.simstack import sim_stack
+
+PROFILES = Path(__file__).resolve().parents[2] / "config" / "profiles"
+NAMES = (
+    "shared-pool",
+    "large-token-pool",
+    "small-interactive-pool",
+    "prefix-cache-routing",
+    "slow-client-isolation",
+    "class-aware",
+)
+BACKENDS = [f"http://127.0.0.1:{port}" for port in range(8101, 8109)]
+DEMO_KEY = "demo-key"
+ENV_KEYS = ("LANE_ROUTER_KEY_WEB_SHA256", "LANE_ROUTER_KEY_BATCH_SHA256", "LANE_ROUTER_KEY_OPS_SHA256")
+
+
+def path(name: str) -> Path:
+    return PROFILES / f"{name}.yaml"
+
+
+def test_the_six_profiles_and_nothing_else() -> None:
+    assert sorted(p.stem for p in PROFILES.glob("*.yaml")) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lane_router_check_passes(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(path(name))]) == 0
+    assert f"profile: {name}  (valid)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_eight_backends_same_model_as_the_simulator(name: str) -> None:
+    cfg = load_profile(path(name))
+    origins = sorted(o for pool in cfg.pools.values() for o in pool.origins)
+    assert origins == BACKENDS
+    assert {pool.model for pool in cfg.pools.values()} == {load_preset(DEFAULT_PRESET).model}
+    assert set(cfg.lanes) == set(ALL_CLASSES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_intent_comment_and_keys(name: str) -> None:
+    text = path(name).read_text()
+    assert text.startswith(f"# {name} — ")
+    assert "demo-key" in text and "DEMO" in text
+    cfg = load_profile(path(name))
+    demo = [k for k in cfg.keys if k.sha256 is not None]
+    assert [k.name for k in demo] == ["demo"]
+    assert demo[0].sha256 == hashlib.sha256(DEMO_KEY.encode()).hexdigest()
+    assert all(k.sha256_env for k in cfg.keys if k.name != "demo")
+
+
+def test_the_profiles_differ_as_the_source_lab_says() -> None:
+    cfgs = {name: load_profile(path(name)) for name in NAMES}
+    assert [len(c.pools) for c in cfgs.values()] == [1, 1, 1, 1, 2, 4]
+    aware = cfgs["class-aware"]
+    interactive, large = aware.pools["interactive"].vllm, aware.pools["large"].vllm
+    assert interactive.max_num_batched_tokens < large.max_num_batched_tokens
+    assert interactive.max_num_seqs < large.max_num_seqs
+    adm = aware.pools["interactive"].admission
+    assert adm.max_long_prefilling is not None and adm.max_prefilling is not None
+    assert adm.max_long_prefilling < adm.max_prefilling
+    assert aware.lanes["rag"].balance == "prefix_affinity"
+    assert aware.lanes["agent"].affinity == "session"
+    assert aware.lanes["slow_stream"].decouple and aware.lanes["slow_stream"].pool == "isolation"
+    assert aware.pools["isolation"].vllm.stream_interval > 1
+    assert cfgs["slow-client-isolation"].lanes["slow_stream"].decouple
+    assert all(lane.balance == "prefix_affinity" for lane in cfgs["prefix-cache-routing"].lanes.values())
+
+
+# --- each profile, live, against simulated pools -----------------------------------------------
+
+FAST = StepTimeModel(c0=0.001, c_prefill=1e-6, c_decode=1e-5, c_ctx=0.0)
+DOC = "The quarterly report describes revenue, costs and the outlook in detail. " * 40  # ≈730 tokens
+
+
+def requests(model: str) -> dict[str, tuple[dict[str, str], dict[str, Any]]]:
+    """One request per class, each reaching its class by its own signal (slow_stream by header:
+    a slow client has to be measured first)."""
+
+    def chat(text: str, **extra: Any) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8, **extra}
+
+    tool = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+    return {
+        "chat": ({}, chat("Hello!", stream=True)),
+        "agent": ({"x-session-id": "s-1"}, chat("Find the file.", tools=[tool])),
+        "long_context": ({}, chat("word " * 6500, max_tokens=4)),
+        "batch": ({}, chat("Summarize the notes.", max_tokens=256)),
+        "rag": ({}, chat(DOC + " What were the costs?", stream=True)),
+        "slow_stream": ({"x-request-class": "slow_stream"}, chat("Tell me a story.", stream=True)),
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_every_class_is_served_by_its_lane(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ENV_KEYS:
+        monkeypatch.setenv(var, hashlib.sha256(var.encode()).hexdigest())
+    data = yaml.safe_load(path(name).read_text())
+    data["debug_headers"] = True
+    auth = {"authorization": f"Bearer {DEMO_KEY}"}
+    async with sim_stack(data, timing=FAST) as stack, stack.client() as client:
+        model = data["pools"][next(iter(data["pools"]))]["model"]
+        lanes = stack.state.runtime.lanes
+        for cls, (headers, body) in requests(model).items():
+            if cls == "rag":  # the third sending of a document is RAG
+                for _ in range(2):
+                    await _ok(client, {**auth, **headers}, body)
+            resp = await _ok(client, {**auth, **headers}, body)
+            assert resp.headers["x-lane-router-class"] == cls, (cls, resp.headers["x-lane-router-reason"])
+            assert resp.headers["x-lane-router-lane"] == cls
+        routed = stack.state.metrics.exposition().decode()
+        for cls, lane in lanes.items():
+            assert f'class="{cls.value}",lane="{cls.value}",pool="{lane.pool.name}",status="200"' in routed
+
+
+async def _ok(client: httpx.AsyncClient, headers: dict[str, str], body: dict[str, Any]) -> httpx.Response:
+    resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+    assert resp.status_code == 200, resp.text
+    if body.get("stream"):
+        assert resp.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert resp.json()["choices"][0]["message"]["content"]
+    return resp
