@@ -90,12 +90,14 @@ def unsent_probe(send: Any) -> Callable[[], int] | None:
     if sock is None:
         return None
     fd = sock.fileno()
+    if fd < 0:  # the client has already gone
+        return None
     buffered: Callable[[], int] = transport.get_write_buffer_size
 
     def unsent() -> int:
         try:
             queued: int = _INT.unpack(fcntl.ioctl(fd, outq, b"\0\0\0\0"))[0]
-        except OSError:
+        except (OSError, ValueError):  # closed (or already reused) descriptor: nothing is queued
             queued = 0
         return queued + buffered()
 

@@ -69,6 +69,4 @@ async def test_calibration_records_the_real_servers_facts(vllm_a: VllmServer, tm
     # The tiny model's 2,048-word tokenizer cuts plain text finer than 4 characters a token.
     ratio = float(text.split("server tokens per simulator token on plain text: ")[1].split()[0])
     assert ratio > 1.5
-    # The 16-stream probe ran against max_num_seqs 16, so all 16 decoded at once.
-    assert "#     16   16 " in text
     assert preset.timing.c0 > 0 and preset.timing.c_prefill + preset.timing.c_ctx > 0
