@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from router.config.checks import ConfigIssue
-from router.config.load import ConfigError, dotted
+from router.config.load import ConfigError, dotted, read_yaml
 from router.config.models import RequestClass
 
 SHARE_TOLERANCE = 1e-6
@@ -226,15 +225,4 @@ def parse_workload(data: Any, source: str = "<workload>") -> WorkloadSpec:
 
 
 def load_workload(path: str | Path) -> WorkloadSpec:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), [ConfigIssue("(file)", exc.strerror or str(exc))]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        raise ConfigError(str(path), [ConfigIssue(where, f"invalid YAML: {exc}")]) from None
-    return parse_workload(data, str(path))
+    return parse_workload(read_yaml(path), str(path))

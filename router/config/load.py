@@ -64,6 +64,11 @@ def _issue(err: Any) -> ConfigIssue:
 
 
 def load_profile(path: str | Path) -> ProfileConfig:
+    return parse_profile(read_yaml(path), str(path))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's data, or a ConfigError naming the file or the line and column at fault."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -75,4 +80,4 @@ def load_profile(path: str | Path) -> ProfileConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
         raise ConfigError(str(path), [ConfigIssue(where, f"invalid YAML: {exc}")]) from None
-    return parse_profile(data, str(path))
+    return data
