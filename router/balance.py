@@ -29,9 +29,9 @@ C = TypeVar("C", bound=Candidate)
 class AffinityKey:
     """What prefix affinity routes on: `key` is ranked by rendezvous hashing (the same on every
     router replica); `chain` is the prompt's block fingerprints (router.facts.prefix_chain, over
-    the whole message list), matched against the blocks recently sent to each backend so a
-    growing context follows the backend that holds its longest cached prefix. Matches shorter
-    than `min_depth` blocks do not count."""
+    the whole message list), matched against the prompts recently sent to each backend so a
+    growing context follows the backend that holds it. Matches shorter than `min_depth` blocks
+    do not count."""
 
     key: bytes
     chain: tuple[bytes, ...] = ()
@@ -115,21 +115,23 @@ class PowerOfTwo:
 
 
 class PrefixMemory:
-    """Which backend each prompt block fingerprint was last sent to. Bounded: at most
-    `max_entries` fingerprints, the least recently recorded dropped first. Recording every
-    `stride`-th block (and the last) keeps the cost per request bounded; a continuation still
-    finds its previous request, whose last block is always recorded."""
+    """Which backend each recent prompt went to, by the fingerprint of its whole prompt (its
+    last full block). A later prompt that extends an earlier one — an agent step re-sending the
+    conversation plus a tool result, a chat's next turn — finds it among its own blocks and can
+    follow it to the backend that holds its context. Only whole prompts are recorded, so a
+    prefix that many conversations share (a common system prompt) does not pull them all to
+    one backend. Bounded: at most `max_entries` prompts, the oldest dropped first."""
 
-    def __init__(self, max_entries: int = 65536, stride: int = 4) -> None:
+    def __init__(self, max_entries: int = 65536) -> None:
         self._max = max_entries
-        self._stride = stride
         self._where: dict[bytes, str] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
     def longest(self, chain: Sequence[bytes], min_depth: int) -> str | None:
-        """The backend of the deepest recorded block of `chain` at depth ≥ `min_depth`."""
+        """The backend of the longest recorded prompt that `chain` extends, if that prompt is at
+        least `min_depth` blocks long."""
         where = self._where
         for i in range(len(chain) - 1, min_depth - 2, -1):
             found = where.get(chain[i])
@@ -141,19 +143,17 @@ class PrefixMemory:
         if not chain:
             return
         where = self._where
-        last = len(chain) - 1
-        for i in (*range(self._stride - 1, last, self._stride), last):
-            block = chain[i]
-            where.pop(block, None)  # re-inserting moves it to the young end
-            where[block] = backend
-        while len(where) > self._max:
+        block = chain[-1]
+        where.pop(block, None)  # re-inserting moves it to the young end
+        where[block] = backend
+        if len(where) > self._max:
             del where[next(iter(where))]
 
 
 class PrefixAffinity:
-    """Prefix affinity with bounded load. The backend that served the longest prefix of this
-    prompt wins (whole message list, `PrefixMemory`); otherwise rendezvous hashing of the key over
-    backend names, so every router replica ranks backends identically without sharing state. A
+    """Prefix affinity with bounded load. The backend that served the longest earlier prompt this
+    one extends wins (whole message list, `PrefixMemory`); otherwise rendezvous hashing of the key
+    over backend names, so every router replica ranks backends identically without sharing state. A
     backend already above `(1 + epsilon) ×` the pool's mean in-flight load is passed over for the
     next in rank, so a hot prefix cannot melt one backend. No key → least outstanding.
 

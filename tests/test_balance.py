@@ -256,24 +256,34 @@ def test_the_prompt_chain_covers_every_message_not_only_the_first() -> None:
     assert chain(conversation(3, system="another system prompt " * 40))[-1] != three[-1]
 
 
-def test_memory_finds_the_deepest_recorded_block_at_or_above_the_minimum() -> None:
-    memory = PrefixMemory(stride=4)
+def test_memory_finds_the_longest_earlier_prompt_this_one_extends() -> None:
+    memory = PrefixMemory()
+    memory.record(chain(conversation(1)), "b1")
     past = chain(conversation(2))
-    memory.record(past, "b1")
+    memory.record(past, "b2")
 
-    assert memory.longest(chain(conversation(4)), min_depth=1) == "b1"
+    assert memory.longest(chain(conversation(4)), min_depth=1) == "b2"
     assert memory.longest(chain(conversation(4)), min_depth=len(past) + 1) is None
     assert memory.longest(chain("unrelated text " * 200), min_depth=1) is None
 
 
+def test_a_shared_prefix_alone_is_no_match() -> None:
+    """Two conversations with one system prompt: the second is not pulled to the first's backend."""
+    memory = PrefixMemory()
+    memory.record(chain(conversation(1, system="common instructions " * 100)), "b1")
+    other = chain(conversation(1, system="common instructions " * 100).replace("step 0", "other task"))
+
+    assert memory.longest(other, min_depth=1) is None
+
+
 def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
-    memory = PrefixMemory(max_entries=64, stride=1)
+    memory = PrefixMemory(max_entries=16)
     old = chain("old document " * 300)
     memory.record(old, "b1")
     for i in range(40):
         memory.record(chain(f"document {i} " * 300), "b2")
 
-    assert len(memory) <= 64
+    assert len(memory) == 16
     assert memory.longest(old, min_depth=1) is None
 
 

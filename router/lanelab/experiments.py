@@ -109,6 +109,7 @@ async def affinity(duration: float = 90.0, rate: float = 10.0, backends: int = 4
                         headers=_session_header if session_header else _no_headers,
                     )
                 hit = (await prefix_cache(sims.urls)).rate_since(before)
+                busy = sum(server.engine.busy_time for server in sims.servers)
             s = summary(results)
             rows.append(
                 {
@@ -117,6 +118,7 @@ async def affinity(duration: float = 90.0, rate: float = 10.0, backends: int = 4
                     "requests": int(s["n"]),
                     "ok": int(s["ok"]),
                     "prefix cache hit rate": f"{hit:.1%}",
+                    "engine busy s": f"{busy:.0f}",
                     "TTFT p50 ms": _ms(s["ttft_p50"]),
                     "TTFT p95 ms": _ms(s["ttft_p95"]),
                     "e2e p95 ms": _ms(s["e2e_p95"]),

@@ -60,8 +60,6 @@ class Exchange:
     usage_tail: bytearray | None = None  # the response's last bytes, kept when usage is wanted
     response_started: bool = False
     first_byte_at: float | None = None
-    upstream_done_at: float | None = None
-    decoupled: bool = False
     status: int = 0
 
 
@@ -203,7 +201,6 @@ async def _relay_direct(
     except UpstreamError as err:
         await _end_with_error(err, is_sse, send)
         return
-    ex.upstream_done_at = last
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     elif is_sse and _lagging(runtime, response, send):
@@ -249,7 +246,6 @@ async def _relay_decoupled(
     """Feed the client from a buffer that a producer task fills from upstream at the backend's
     pace; the producer waits only when the buffer caps are reached. `pending` is a chunk already
     taken from upstream and not yet sent."""
-    ex.decoupled = True
     buffer = StreamBuffer(runtime.buffers, runtime.config.slow_clients.max_stream_buffer_bytes)
     if pending:
         if ex.usage_tail is not None:
@@ -298,7 +294,6 @@ async def _pump(
     except BaseException as err:
         buffer.end(err)
         raise
-    ex.upstream_done_at = monotonic()
     # The backend is done with this request: free its slot now, not when the client is.
     gate.end_attempt(ticket)
     buffer.end()

@@ -115,9 +115,14 @@ def route(
 
 
 def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
-    """What a prefix-affinity lane routes on. The prompt's block chain covers the whole message
-    list; the rendezvous key is its block at `affinity_min_tokens` (no affinity for a shorter
-    prompt), or for `affinity: session` lanes the session (`X-Session-Id`, else `user`)."""
+    """What a prefix-affinity lane routes on; the prompt's block chain covers the whole message
+    list, and prompts shorter than `affinity_min_tokens` get no affinity.
+
+    `affinity: prefix` (RAG): the rendezvous key is the chain's block at `affinity_min_tokens`,
+    the shared document. `affinity: session` (agent loops): `X-Session-Id`, else the body's
+    `user`, else the prompt itself (its last block) — a conversation's first request is placed
+    by its own content, and each later one, which extends it, follows it through the balancer's
+    memory of recent prompts."""
     lc = lane.config
     if lc.balance != "prefix_affinity":
         return None
@@ -129,6 +134,9 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
             return AffinityKey(b"session\x00" + session, chain, depth)
         if facts.user:
             return AffinityKey(b"user\x00" + facts.user.encode(), chain, depth)
+        if len(chain) < depth:
+            return None
+        return AffinityKey(chain[-1], chain, depth)
     if len(chain) < depth:
         return None
     return AffinityKey(chain[depth - 1], chain, depth)

@@ -18,6 +18,7 @@ The fit itself is in `router.sim.fitting`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import platform
@@ -34,6 +35,7 @@ import httpx
 from router.sim.config import EngineConfig
 from router.sim.fitting import CalibrationError, Measurements, fit, report
 from router.sim.streamclient import (
+    PauseDetector,
     StreamError,
     TimedStream,
     completion_body,
@@ -45,6 +47,9 @@ from router.tokens import estimate_text_tokens
 
 _WORDS = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud", "light", "ember",
           "north", "maple", "quartz", "violet", "harbor", "signal")  # fmt: skip
+
+
+_ATTEMPTS = 3  # decode probe runs at most, when pauses of this process spoil them
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +101,17 @@ def max_overlap(streams: Sequence[TimedStream]) -> int:
 
 
 class Prober:
-    def __init__(self, client: httpx.AsyncClient, model: str, rng: random.Random) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, model: str, rng: random.Random, pauses: PauseDetector | None = None
+    ) -> None:
         self.client = client
         self.model = model
         self.rng = rng
+        self.pauses = pauses
+
+    def clean(self, start: float, end: float) -> bool:
+        """No pause of this process spans [start, end] (its timestamps there are true)."""
+        return self.pauses is None or not self.pauses.spans(start, end)
 
     async def stream(self, prompt_tokens: int, max_tokens: int) -> TimedStream:
         body = completion_body(self.model, token_prompt(self.rng, prompt_tokens), max_tokens)
@@ -109,14 +121,21 @@ class Prober:
             raise CalibrationError(f"probe failed: {exc}") from exc
 
     async def decode_point(self, batch: int, prompt: int, tokens: int) -> tuple[int, int, float, float]:
-        results = await asyncio.gather(*(self.stream(prompt, tokens) for _ in range(batch)))
-        # Skip each stream's first tokens: the batch is still filling while other prompts
-        # prefill. Then the mean gap per stream, not the median of all gaps: a busy API server
-        # hands tokens over in bursts (near-zero gaps, then a long one), which only the mean
-        # of a stretch turns back into the step time.
-        skip = min(4, tokens // 4)
-        steps = [(r.end - r.token_times[skip]) / (len(r.token_times) - 1 - skip) for r in results
-                 if len(r.token_times) > skip + 1]  # fmt: skip
+        """One decode probe; run again (at most twice) while pauses of this process spoil most
+        of it, since they also hide which streams ran together."""
+        for _ in range(_ATTEMPTS):
+            results = await asyncio.gather(*(self.stream(prompt, tokens) for _ in range(batch)))
+            # Skip each stream's first tokens: the batch is still filling while other prompts
+            # prefill. Then the mean gap per stream, not the median of all gaps: a busy API
+            # server hands tokens over in bursts (near-zero gaps, then a long one), which only
+            # the mean of a stretch turns back into the step time.
+            skip = min(4, tokens // 4)
+            stretches = [(r.token_times[skip], r.end, len(r.token_times) - 1 - skip) for r in results]
+            stretches = [x for x in stretches if x[2] > 0]
+            clean = [x for x in stretches if self.clean(x[0], x[1])]
+            if 2 * len(clean) >= len(stretches):
+                break
+        steps = [(end - start) / n for start, end, n in clean or stretches]
         if not steps:
             raise CalibrationError("decode probe too short to measure gaps")
         ctx = statistics.mean(r.prompt_tokens for r in results) + tokens / 2
@@ -138,10 +157,14 @@ async def measure(
     url: str, *, api_key: str | None = None, model: str | None = None, quick: bool = False, seed: int = 0
 ) -> Measurements:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=300) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=300)
+        )
         m = await _server_facts(client, model)
         plan = ProbePlan.for_server(m.max_model_len, quick)
-        prober = Prober(client, m.model, random.Random(seed))
+        pauses = await stack.enter_async_context(PauseDetector())
+        prober = Prober(client, m.model, random.Random(seed), pauses)
         await prober.stream(plan.short_prompt, 4)  # warm-up, not measured
         m.round_trip = await _round_trip(client)
         for batch in plan.batches:
@@ -149,8 +172,9 @@ async def measure(
         m.decode.append(await prober.decode_point(plan.context_batch, plan.long_prompt, plan.decode_tokens))
         for size in plan.prefill_prompts:
             runs = [await prober.stream(size, 2) for _ in range(plan.repeats)]
+            clean = [r for r in runs if prober.clean(r.start, r.token_times[0])] or runs
             # The median of repeats: one slow outlier (a busy client) must not tilt the line.
-            m.prefill.append((runs[0].prompt_tokens, statistics.median(r.ttft for r in runs)))
+            m.prefill.append((runs[0].prompt_tokens, statistics.median(r.ttft for r in clean)))
         m.token_ratio = await prober.text_ratio((64, 256) if quick else (64, 256, 512))
     return m
 

@@ -11,12 +11,15 @@ servers do exactly the same work:
   its prefix-cache hit rate from its own `vllm:prefix_cache_*` counters (deltas over the run).
 
 The two servers run one level after the other (real, then simulator) so that both see about the
-same machine; the 1-minute load average at each level is reported with it.
+same machine; the 1-minute load average at each level is reported with it. Latency samples taken
+across a pause of the measuring process itself (`PauseDetector`) are left out on both sides, and
+the share left out is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 import random
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 import httpx
 
 from router.sim.streamclient import (
+    PauseDetector,
     TimedStream,
     completion_body,
     prefix_counters,
@@ -52,6 +56,7 @@ class Observed:
     itl_p95: float
     hit_rate: float
     requests: int
+    dropped: float = 0.0  # share of latency samples left out: taken across a client pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +112,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
-def summarize(streams: Sequence[TimedStream], hit_rate: float) -> Observed:
-    ttfts = [s.ttft for s in streams]
-    itls = [g for s in streams for g in s.gaps]
+def summarize(
+    streams: Sequence[TimedStream], hit_rate: float, pauses: PauseDetector | None = None
+) -> Observed:
+    def clean(a: float, b: float) -> bool:
+        return pauses is None or not pauses.spans(a, b)
+
+    all_ttfts = [(s.start, s.token_times[0]) for s in streams]
+    all_gaps = [pair for s in streams for pair in itertools.pairwise(s.token_times)]
+    ttfts = [b - a for a, b in all_ttfts if clean(a, b)] or [b - a for a, b in all_ttfts]
+    itls = [b - a for a, b in all_gaps if clean(a, b)] or [b - a for a, b in all_gaps]
+    samples = len(all_ttfts) + len(all_gaps)
     return Observed(
         ttft_p50=statistics.median(ttfts),
         ttft_p95=percentile(ttfts, 0.95),
@@ -117,6 +130,7 @@ def summarize(streams: Sequence[TimedStream], hit_rate: float) -> Observed:
         itl_p95=percentile(itls, 0.95) if itls else 0.0,
         hit_rate=hit_rate,
         requests=len(streams),
+        dropped=1 - (len(ttfts) + len(itls)) / samples,
     )
 
 
@@ -136,10 +150,11 @@ async def run_workload(
             async with gate:
                 return await timed_stream(client, completion_body(model, job.prompt, job.max_tokens))
 
-        streams = await asyncio.gather(*(limited(j) for j in jobs))
+        async with PauseDetector() as pauses:
+            streams = await asyncio.gather(*(limited(j) for j in jobs))
         hits1, queries1 = await prefix_counters(client)
     queries = queries1 - queries0
-    return summarize(streams, (hits1 - hits0) / queries if queries else 0.0)
+    return summarize(streams, (hits1 - hits0) / queries if queries else 0.0, pauses)
 
 
 def compare(
@@ -177,6 +192,7 @@ class Level:
     concurrency: int
     load: float  # 1-minute load average when the level started
     checks: list[Check]
+    dropped: tuple[float, float] = (0.0, 0.0)  # real, sim: share of samples left out
 
 
 async def compare_levels(
@@ -206,15 +222,15 @@ async def compare_levels(
         checks = compare(
             real, sim, latency_tolerance=latency_tolerance, hit_rate_points=hit_rate_points, metrics=metrics
         )
-        out.append(Level(concurrency, load, checks))
+        out.append(Level(concurrency, load, checks, (real.dropped, sim.dropped)))
     return out
 
 
 def format_levels(levels: Sequence[Level]) -> str:
     """A Markdown table: one row per concurrency level, real / sim / error for each metric."""
     names = [c.name for c in levels[0].checks]
-    head = "| conc | load | " + " | ".join(f"{n} real | sim | err" for n in names) + " |"
-    rule = "|" + "---|" * (2 + 3 * len(names))
+    head = "| conc | load | " + " | ".join(f"{n} real | sim | err" for n in names) + " | left out |"
+    rule = "|" + "---|" * (3 + 3 * len(names))
     rows = [head, rule]
     for level in levels:
         cells = [str(level.concurrency), f"{level.load:.1f}"]
@@ -225,5 +241,6 @@ def format_levels(levels: Sequence[Level]) -> str:
             else:
                 mark = "" if c.ok else " ✗"
                 cells += [f"{c.real * 1e3:.1f}", f"{c.sim * 1e3:.1f}", f"{c.error * 100:+.0f}%{mark}"]
+        cells.append(f"{level.dropped[0] * 100:.0f}% / {level.dropped[1] * 100:.0f}%")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -11,11 +11,13 @@ which would hide a gap). The simulator ignores the flag and sends one event a to
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import httpx
@@ -122,3 +124,43 @@ async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
         elif line.startswith("vllm:prefix_cache_queries_total"):
             queries += float(line.rsplit(" ", 1)[1])
     return hits, queries
+
+
+@dataclass(slots=True)
+class PauseDetector:
+    """Notices when the measuring process itself stops running.
+
+    A tick every `tick` seconds; a tick that comes back more than `threshold` late means this
+    process (or the whole machine) did not run meanwhile, and every timestamp taken just after is
+    late by as much. On a shared host such pauses reach hundreds of milliseconds; a sample
+    (a TTFT, one token gap) that spans one says more about the host than about the server.
+    """
+
+    tick: float = 0.005
+    threshold: float = 0.02
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> PauseDetector:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(self.tick)
+            after = time.perf_counter()
+            if after - before - self.tick > self.threshold:
+                self.pauses.append((before + self.tick, after))
+
+    def spans(self, start: float, end: float) -> bool:
+        """Whether a pause overlaps the interval (start, end]. A sample starting right at a
+        pause's end counts too: its first timestamp was taken late."""
+        return any(b >= start and a < end for a, b in self.pauses)

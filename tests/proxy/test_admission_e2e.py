@@ -50,7 +50,7 @@ async def test_a_short_prompt_overtakes_long_prompts_held_by_the_long_prefill_li
     shape = shaped({"max_prefilling": 3, "max_long_prefilling": 1, "long_prompt_tokens": 1024})
     async with router_stack(n_backends=1, shape=shape) as stack:
         backend = stack.backends[0]
-        backend.behaviour = Behaviour(tokens=2, ttft_s=0.4)
+        backend.behaviour = Behaviour(tokens=2, ttft_s=0.8)
         async with stack.client() as client:
             longs = [asyncio.ensure_future(_post(client, LONG)) for _ in range(3)]
             await stack.wait_until(lambda: len(backend.seen) == 1)
@@ -62,7 +62,7 @@ async def test_a_short_prompt_overtakes_long_prompts_held_by_the_long_prefill_li
         # One long prefill at a time; the short prompt went in while the first long one prefilled.
         assert arrivals == [True, False, True, True]
         long_starts = [s.started for s in backend.seen if len(s.body) > 1000]
-        assert all(b - a >= 0.35 for a, b in itertools.pairwise(long_starts))
+        assert all(b - a >= 0.75 for a, b in itertools.pairwise(long_starts))
         text = stack.state.metrics.exposition().decode()
         assert 'lane_router_queue_time_seconds_count{lane="chat"} 4.0' in text
 
@@ -78,7 +78,7 @@ async def test_the_first_token_releases_the_prefill_slot_not_the_end_of_the_stre
         assert all(r.status_code == 200 for r, _ in results)
         starts = sorted(s.started - started for s in backend.seen)
         # Each waits for the previous first token (≈0.1 s), not for the previous stream's end.
-        assert starts[-1] < 0.8, starts
+        assert starts[-1] < 1.2, starts  # after the previous stream's end it would be ≥ 2.1 s
 
 
 async def test_a_non_streamed_request_holds_its_slot_until_the_response() -> None:
@@ -96,11 +96,11 @@ async def test_with_a_prefill_rate_a_non_streamed_request_releases_after_its_est
     shape = shaped({"max_prefilling": 1, "prefill_tokens_per_s": 1000})
     async with router_stack(n_backends=1, shape=shape) as stack:
         backend = stack.backends[0]
-        backend.behaviour = Behaviour(tokens=2, ttft_s=0.8)
+        backend.behaviour = Behaviour(tokens=2, ttft_s=2.0)
         async with stack.client() as client:
             await asyncio.gather(*(_post(client, SHORT, stream=False) for _ in range(2)))
         a, b = sorted(s.started for s in backend.seen)
-        assert b - a < 0.5  # ≈7 tokens / 1000 per s, not the 0.8 s response
+        assert b - a < 1.0  # ≈7 tokens / 1000 per s, not the 2 s response
 
 
 async def test_queue_deadline_answers_503_with_retry_after_and_counts_the_rejection() -> None:
@@ -123,7 +123,7 @@ async def test_queue_deadline_answers_503_with_retry_after_and_counts_the_reject
 async def test_a_full_lane_queue_refuses_at_once() -> None:
     shape = shaped(chat={"max_in_flight": 1, "queue_limit": 0})
     async with router_stack(n_backends=1, shape=shape) as stack:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=0.5)
+        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=2.0)
         async with stack.client() as client:
             slow = asyncio.ensure_future(_post(client, SHORT))
             await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
@@ -131,7 +131,7 @@ async def test_a_full_lane_queue_refuses_at_once() -> None:
             refused, done = await _post(client, SHORT)
             await slow
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
-        assert done - began < 0.3
+        assert done - began < 1.0  # not after the 2 s the slot stays taken
 
 
 async def test_a_client_leaving_the_queue_frees_its_place() -> None:

@@ -7,7 +7,7 @@ import contextlib
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +52,20 @@ class Reading:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytearray = field(default_factory=bytearray)
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, body bytes so far)
+    caught_up: bool = False  # `until` came true and the client read the rest at full speed
 
 
 async def read_slowly(
-    url: str, body: bytes, headers: dict[str, str], chunk: int = 4096, pause: float = 0.004
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    chunk: int = 4096,
+    pause: float = 0.05,
+    until: Callable[[], bool] | None = None,
 ) -> Reading:
-    """A client with a small receive buffer that reads `chunk` bytes every `pause` seconds."""
+    """A client with a small receive buffer that reads `chunk` bytes every `pause` seconds, and
+    at full speed once `until()` is true. Tying the switch to what the test waits for, rather
+    than to a reading speed, keeps the client slower than the backend however busy the machine."""
     host, port = url.removeprefix("http://").split(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
@@ -81,7 +89,10 @@ async def read_slowly(
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                await asyncio.sleep(pause)
+                if not out.caught_up and until is not None and until():
+                    out.caught_up = True
+                if not out.caught_up:
+                    await asyncio.sleep(pause)
                 conn.receive_data(await reader.read(chunk))
                 continue
             if isinstance(event, h11.Response):
@@ -100,6 +111,10 @@ def tokens_in(body: bytes) -> list[int]:
     return [int(m) for m in re.findall(rb'"content":" t(\d+)"', body)]
 
 
+def finished(backend: FakeBackend) -> Callable[[], bool]:
+    return lambda: bool(backend.seen) and backend.seen[0].finished is not None
+
+
 def bytes_read_by(reading: Reading, when: float) -> int:
     return max((n for t, n in reading.timeline if t <= when), default=0)
 
@@ -109,7 +124,7 @@ async def test_a_slow_reader_is_decoupled_gets_every_byte_and_is_remembered() ->
         backend = stack.backends[0]
         backend.behaviour = Behaviour(tokens=TOKENS)
         headers = {**auth("user"), "x-client-id": "phone-7"}
-        reading = await read_slowly(stack.url, stream_body(), headers)
+        reading = await read_slowly(stack.url, stream_body(), headers, until=finished(backend))
 
         assert reading.status == 200
         assert tokens_in(reading.body) == list(range(TOKENS))
@@ -164,23 +179,15 @@ async def constrained_router(behaviour: Behaviour) -> AsyncIterator[tuple[str, R
 async def test_a_client_lagging_mid_stream_is_decoupled_from_then_on() -> None:
     async with constrained_router(Behaviour(tokens=TOKENS)) as (router, state):
         runtime = state.runtime
-        peak = 0
+        headers = {**auth("user"), "x-client-id": "tv-3"}
+        # 20 kB/s until the stream buffer holds 64 KiB: only a decoupled stream gets there.
+        reading = await read_slowly(
+            router, stream_body(), headers, chunk=1024, until=lambda: runtime.buffers.used > 64 * 1024
+        )
 
-        async def watch() -> None:
-            nonlocal peak
-            while True:
-                peak = max(peak, runtime.buffers.used)
-                await asyncio.sleep(0.005)
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            reading = await read_slowly(router, stream_body(), {**auth("user"), "x-client-id": "tv-3"})
-        finally:
-            watcher.cancel()
-
+    assert reading.caught_up  # the rest of the answer went through the stream buffer
     assert tokens_in(reading.body) == list(range(TOKENS))
     assert reading.body.endswith(b"data: [DONE]\n\n")
-    assert peak > 64 * 1024  # the rest of the answer went through the stream buffer
     assert runtime.buffers.used == 0
     text = state.metrics.exposition().decode()
     assert 'lane_router_slow_clients_total{lane="chat"} 1.0' in text
@@ -204,7 +211,7 @@ async def test_a_decoupled_lane_relays_through_the_buffer_from_the_first_byte() 
         backend = stack.backends[0]
         backend.behaviour = Behaviour(tokens=TOKENS)
         headers = {**auth("tester"), "x-request-class": "slow_stream"}
-        reading = await read_slowly(stack.url, stream_body(), headers)
+        reading = await read_slowly(stack.url, stream_body(), headers, until=finished(backend))
 
         assert reading.headers["x-lane-router-lane"] == "slow_stream"
         assert tokens_in(reading.body) == list(range(TOKENS))

@@ -12,9 +12,11 @@ from router.sim.compare import (
     percentile,
     prefix_workload,
     run_workload,
+    summarize,
 )
 from router.sim.config import EngineConfig
 from router.sim.serve import EngineSpec, SimCluster
+from router.sim.streamclient import PauseDetector, TimedStream
 from router.sim.timing import StepTimeModel
 
 BASE = StepTimeModel(c0=0.004, c_prefill=2e-5, c_decode=2e-4, c_ctx=1e-7, frontend_s=0.003)
@@ -44,6 +46,20 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([3.0], 0.95) == 3.0
 
 
+def test_samples_across_a_client_pause_are_left_out() -> None:
+    # Tokens every 10 ms; the client stalled from 0.2 to 0.5 s, so the token read at 0.5 s (the
+    # next ones were ready meanwhile) came late and the three after it arrived as a burst.
+    times = [0.01 * i for i in range(1, 21)] + [0.5, 0.5, 0.5, 0.5] + [0.5 + 0.01 * i for i in range(1, 11)]
+    stream = TimedStream(0.0, times, 100)
+    pauses = PauseDetector()
+    pauses.pauses.append((0.2, 0.5))
+    raw, clean = summarize([stream], 0.0), summarize([stream], 0.0, pauses)
+    assert raw.dropped == 0.0 and clean.itl_p50 == pytest.approx(0.01)
+    # 34 samples (1 TTFT, 33 gaps). Left out: 0.2 → 0.5, the three 0-gaps of the burst and the
+    # gap after it (it starts at a late timestamp); the gap ending at 0.2 is clean.
+    assert clean.dropped == pytest.approx(5 / 34)
+
+
 def test_compare_applies_both_tolerances() -> None:
     real = Observed(0.100, 0.200, 0.010, 0.020, 0.40, 10)
     close = Observed(0.120, 0.240, 0.0085, 0.024, 0.48, 10)
@@ -56,9 +72,9 @@ def test_compare_applies_both_tolerances() -> None:
 
 def test_levels_table_marks_misses() -> None:
     checks = [Check("ttft_p50", 0.010, 0.0135, False), Check("itl_p50", 0.002, 0.0021, True)]
-    table = format_levels([Level(4, 1.5, checks)]).splitlines()
+    table = format_levels([Level(4, 1.5, checks, (0.02, 0.0))]).splitlines()
     assert table[0].startswith("| conc | load | ttft_p50 real")
-    assert table[2] == "| 4 | 1.5 | 10.0 | 13.5 | +35% ✗ | 2.0 | 2.1 | +5% |"
+    assert table[2] == "| 4 | 1.5 | 10.0 | 13.5 | +35% ✗ | 2.0 | 2.1 | +5% | 2% / 0% |"
 
 
 async def test_two_identical_simulators_agree_and_a_slower_one_does_not() -> None:
