@@ -1,6 +1,7 @@
 """Admission decisions, pure: may a request start now, and on which backend of its pool?
 
-Two limits apply (DESIGN request path step 5):
+A request outside its lane's shape (`max_prompt_tokens`, `max_output_tokens`) is refused;
+then two limits apply (DESIGN request path step 5):
 
 * per lane, `max_in_flight` requests at once;
 * per backend, the source's chunked-prefill rule enforced by the router on any vLLM version: at
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from router.balance import Affinity, Balancer, Candidate
-from router.config.models import DEFAULT_LONG_PROMPT_TOKENS, PoolConfig
+from router.config.models import DEFAULT_LONG_PROMPT_TOKENS, LaneConfig, PoolConfig
+from router.errors import BadRequest
 
 
 class PrefillCounts(Candidate, Protocol):
@@ -100,3 +102,24 @@ def choose_backend(
     if not candidates:
         return None
     return balancer.pick(candidates, affinity)
+
+
+def outside_lane_shape(
+    lane: str, cfg: LaneConfig, prompt_tokens: int, max_tokens: int | None
+) -> BadRequest | None:
+    """A lane's `max_prompt_tokens` / `max_output_tokens` are the request shape its pool was
+    sized and measured for (its capacity-evidence target); a request beyond them is refused up
+    front rather than sent to a pool that never showed it can serve it. A request that sets no
+    `max_tokens` is not judged on output."""
+    if cfg.max_prompt_tokens is not None and prompt_tokens > cfg.max_prompt_tokens:
+        return BadRequest(
+            f"the prompt (about {prompt_tokens} tokens) is longer than lane {lane!r} accepts "
+            f"({cfg.max_prompt_tokens} tokens)",
+            code="context_length_exceeded",
+        )
+    if cfg.max_output_tokens is not None and max_tokens is not None and max_tokens > cfg.max_output_tokens:
+        return BadRequest(
+            f"max_tokens {max_tokens} is more than lane {lane!r} accepts ({cfg.max_output_tokens})",
+            code="max_tokens_exceeded",
+        )
+    return None

@@ -6,6 +6,7 @@ import argparse
 import getpass
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ def register(subparsers: Any) -> None:
     check = subparsers.add_parser(
         "check",
         help="validate a profile and print its lanes, pools and configuration hashes",
-        description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path.",
+        description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path. "
+        "With --evidence, the worst lane's decision sets the exit status: 0 PASS, 1 CONDITIONAL, 3 DEFER.",
     )
     check.add_argument("file", type=Path)
     check.add_argument(
@@ -73,14 +75,21 @@ def _slo_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _evidence_gate(cfg: ProfileConfig, args: argparse.Namespace, directory: Path) -> tuple[str, bool]:
-    from router.evidence.cli import parse_slo
+@dataclass(frozen=True, slots=True)
+class _Gate:
+    table: str
+    admitted: bool  # every lane PASS (or CONDITIONAL, when allowed)
+    exit_code: int  # the worst lane's, as `evidence decide` exits: 0 PASS, 1 CONDITIONAL, 3 DEFER
+
+
+def _evidence_gate(cfg: ProfileConfig, args: argparse.Namespace, directory: Path) -> _Gate:
+    from router.evidence.cli import EXIT_CODES, parse_slo
     from router.evidence.gate import admitted, lane_verdicts, verdict_table
 
     verdicts = lane_verdicts(cfg, directory, parse_slo(args.slo))
-    return verdict_table(verdicts), admitted(
-        verdicts, allow_conditional=getattr(args, "allow_conditional", False)
-    )
+    allow = getattr(args, "allow_conditional", False)
+    worst = max((EXIT_CODES[v.decision.final_decision] for v in verdicts), default=0)
+    return _Gate(verdict_table(verdicts), admitted(verdicts, allow_conditional=allow), worst)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -121,17 +130,17 @@ def _refuse_without_evidence(config: Path | None, args: argparse.Namespace) -> i
         print("lane-router serve: --require-evidence needs a profile file (--config)", file=sys.stderr)
         return 2
     try:
-        table, ok = _evidence_gate(load_profile(config), args, args.require_evidence)
+        gate = _evidence_gate(load_profile(config), args, args.require_evidence)
     except (ConfigError, ValueError, OSError) as err:
         print(f"lane-router serve: {err}", file=sys.stderr)
         return 2
-    if ok:
-        print(table)
+    if gate.admitted:
+        print(gate.table)
         return None
     wanted = "PASS or CONDITIONAL" if args.allow_conditional else "PASS"
     print(
         f"lane-router serve: refusing to start: every lane must be {wanted} on the evidence in "
-        f"{args.require_evidence}\n{table}",
+        f"{args.require_evidence}\n{gate.table}",
         file=sys.stderr,
     )
     return 3
@@ -144,14 +153,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print(describe(cfg))
-    if args.evidence is not None:
-        try:
-            table, _ = _evidence_gate(cfg, args, args.evidence)
-        except (ValueError, OSError) as err:
-            print(f"lane-router check: {err}", file=sys.stderr)
-            return 2
-        print("\nevidence:\n" + table)
-    return 0
+    if args.evidence is None:
+        return 0
+    try:
+        gate = _evidence_gate(cfg, args, args.evidence)
+    except (ValueError, OSError) as err:
+        print(f"lane-router check: {err}", file=sys.stderr)
+        return 2
+    print("\nevidence:\n" + gate.table)
+    return gate.exit_code
 
 
 def describe(cfg: ProfileConfig) -> str:

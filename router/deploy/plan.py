@@ -33,6 +33,20 @@ CPU_IMAGE = "lane-router-vllm-cpu:{version}"
 GPU_ENTRYPOINT = ("vllm", "serve")
 CPU_ENTRYPOINT = ("python", "-m", "vllm.entrypoints.openai.api_server")
 
+# The shared state of the router replicas, when the profile keeps it in a Redis the deployment runs.
+REDIS_PORT = 6379
+REDIS_IMAGE = "redis:7.4-alpine"
+# Counters and marks all expire by themselves: no persistence, and a memory cap that evicts the
+# keys closest to expiring first.
+REDIS_ARGS = (
+    "--save", "",
+    "--appendonly", "no",
+    "--maxmemory", "256mb",
+    "--maxmemory-policy", "volatile-ttl",
+    # Reached only through the deployment's own network (compose network, NetworkPolicy).
+    "--protected-mode", "no",
+)  # fmt: skip
+
 _SLUG_MAX = 40  # leaves room for "-<ordinal>" and Kubernetes' 63-character label limit
 
 
@@ -121,6 +135,33 @@ def plan_pools(cfg: ProfileConfig, device: Device) -> tuple[PoolPlan, ...]:
     return tuple(plans)
 
 
+def deploys_redis(cfg: ProfileConfig) -> bool:
+    """A profile whose `state:` names a literal URL gets a Redis of the deployment's own (the URL
+    is replaced by it, as pool backends are); one that reads the URL from the environment
+    (`redis_url_env`) uses an existing Redis, and the variable becomes a router secret."""
+    return cfg.state.redis_url is not None
+
+
+def state_notes(cfg: ProfileConfig, redis_name: str, policy: str | None = None) -> list[str]:
+    state = cfg.state
+    if state.redis_url_env is not None:
+        return [
+            f"Router replicas share rate limits and slow-client memory through the Redis at "
+            f"${state.redis_url_env} (a secret; on_error: {state.on_error})."
+        ]
+    if state.redis_url is None:
+        return [
+            "Router replicas keep rate-limit counters and slow-client memory each on their own "
+            "(set `state.redis_url` in the profile to share them)."
+        ]
+    where = f"{redis_name!r}" + (f", reachable from router pods only ({policy!r})" if policy else "")
+    return [
+        f"Router replicas share rate limits and slow-client memory through Redis {where}; "
+        f"the profile's state.redis_url is replaced by it. One instance without persistence: "
+        f"a restart forgets counters and marks, and while it is away rate limits fail {state.on_error}."
+    ]
+
+
 def key_hash_envs(cfg: ProfileConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k.sha256_env for k in cfg.keys if k.sha256_env))
 
@@ -128,7 +169,8 @@ def key_hash_envs(cfg: ProfileConfig) -> tuple[str, ...]:
 def router_secret_envs(cfg: ProfileConfig, plans: Sequence[PoolPlan]) -> tuple[str, ...]:
     """Every variable the router reads a secret from: key hashes, then the pools' upstream keys."""
     pool_keys = [p.key_env for p in plans if p.key_env]
-    return tuple(dict.fromkeys([*key_hash_envs(cfg), *pool_keys]))
+    state = [cfg.state.redis_url_env] if cfg.state.redis_url_env else []
+    return tuple(dict.fromkeys([*key_hash_envs(cfg), *pool_keys, *state]))
 
 
 def pool_notes(plans: Sequence[PoolPlan]) -> list[str]:
@@ -147,12 +189,18 @@ def pool_notes(plans: Sequence[PoolPlan]) -> list[str]:
 
 
 def deployed_profile(
-    cfg: ProfileConfig, plans: Sequence[PoolPlan], backends: Mapping[str, Sequence[str]]
+    cfg: ProfileConfig,
+    plans: Sequence[PoolPlan],
+    backends: Mapping[str, Sequence[str]],
+    redis_url: str | None = None,
 ) -> dict[str, Any]:
     """The profile as the deployed router reads it: the pools' backends replaced by where the
-    deployment runs them, literal upstream keys replaced by the variables that now hold them.
+    deployment runs them, literal upstream keys replaced by the variables that now hold them,
+    and the shared state's Redis by the deployment's (`redis_url`, see `deploys_redis`).
     Validated again, so a rendering never ships a profile the router would refuse."""
     data = cfg.model_dump(mode="json", exclude_unset=True)
+    if redis_url is not None and deploys_redis(cfg):
+        data["state"]["redis_url"] = redis_url
     for p in plans:
         pool = data["pools"][p.name]
         pool["backends"] = list(backends[p.name])

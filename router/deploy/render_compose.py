@@ -25,11 +25,14 @@ from router.deploy.plan import (
     Manifest,
     PoolPlan,
     deployed_profile,
+    deploys_redis,
     image_for,
     plan_pools,
     pool_notes,
     router_secret_envs,
+    state_notes,
 )
+from router.deploy.render_state import REDIS, redis_compose, redis_url
 from router.deploy.yamltext import dump
 
 PROFILE_CONFIG = "lane-router-profile"
@@ -52,8 +55,15 @@ class ComposeOptions:
 def render_compose(cfg: ProfileConfig, opts: ComposeOptions = ComposeOptions()) -> Manifest:
     plans = plan_pools(cfg, opts.device)
     backends = {p.name: [f"http://{p.instance(i)}:{VLLM_PORT}" for i in range(p.replicas)] for p in plans}
-    profile = deployed_profile(cfg, plans, backends)
+    redis = deploys_redis(cfg)
+    profile = deployed_profile(cfg, plans, backends, redis_url())
     services: dict[str, Any] = {"lane-router": _router(cfg, plans, opts)}
+    networks: dict[str, Any] = {"edge": {}, "pools": {}}
+    if redis:
+        services["lane-router"]["networks"].append("state")
+        services[REDIS] = redis_compose()
+        # Redis needs no way out; the router is its only client.
+        networks["state"] = {"internal": True}
     gpu_ids = iter(range(10_000))
     for p in plans:
         for i in range(p.replicas):
@@ -62,7 +72,7 @@ def render_compose(cfg: ProfileConfig, opts: ComposeOptions = ComposeOptions()) 
     document = {
         "name": "lane-router",
         "services": services,
-        "networks": {"edge": {}, "pools": {}},
+        "networks": networks,
         "volumes": {MODEL_CACHE: {}},
         # Compose interpolates `$` in every value; `$$` keeps the profile's text as written.
         "configs": {PROFILE_CONFIG: {"content": dump(profile).replace("$", "$$")}},
@@ -149,4 +159,4 @@ def _notes(cfg: ProfileConfig, plans: tuple[PoolPlan, ...], opts: ComposeOptions
         notes.append("GPUs are assigned in order (device_ids); match them to the host.")
     else:
         notes.append("vLLM CPU image: built from deploy/vllm-cpu/Dockerfile (tcmalloc preloaded).")
-    return notes + pool_notes(plans)
+    return notes + state_notes(cfg, REDIS) + pool_notes(plans)

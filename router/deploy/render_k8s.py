@@ -35,12 +35,15 @@ from router.deploy.plan import (
     Manifest,
     PoolPlan,
     deployed_profile,
+    deploys_redis,
     image_for,
     key_hash_envs,
     plan_pools,
     pool_notes,
     router_secret_envs,
+    state_notes,
 )
+from router.deploy.render_state import REDIS, REDIS_POLICY, redis_k8s, redis_url
 from router.deploy.yamltext import dump
 
 ROUTER = "lane-router"
@@ -75,7 +78,8 @@ def render_k8s(cfg: ProfileConfig, opts: K8sOptions = K8sOptions()) -> Manifest:
     if opts.router_replicas < 2 or opts.router_max_replicas < opts.router_replicas:
         raise RenderError("the router runs at least 2 replicas, and max replicas ≥ replicas")
     plans = plan_pools(cfg, opts.device)
-    profile = deployed_profile(cfg, plans, {p.name: pool_backends(p) for p in plans})
+    backends = {p.name: pool_backends(p) for p in plans}
+    profile = deployed_profile(cfg, plans, backends, redis_url())
     docs: list[dict[str, Any]] = [
         _secret(cfg, plans),
         _profile_map(profile),
@@ -88,6 +92,8 @@ def render_k8s(cfg: ProfileConfig, opts: K8sOptions = K8sOptions()) -> Manifest:
     for p in plans:
         docs += [_pool_service(p), _pool_statefulset(p, opts)]
     docs.append(_network_policy())
+    if deploys_redis(cfg):
+        docs += redis_k8s(_meta, ROUTER_SELECTOR)
     return Manifest(tuple(docs), tuple(_notes(cfg, plans, opts)))
 
 
@@ -97,12 +103,7 @@ def _meta(name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 def _secret(cfg: ProfileConfig, plans: tuple[PoolPlan, ...]) -> dict[str, Any]:
     hashes = set(key_hash_envs(cfg))
-    values = {
-        name: "REPLACE with the sha256 of the key (lane-router hash-key --new)"
-        if name in hashes
-        else "REPLACE with a long random string shared by the router and the pool"
-        for name in router_secret_envs(cfg, plans)
-    }
+    values = {name: _placeholder(name, hashes, cfg) for name in router_secret_envs(cfg, plans)}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -110,6 +111,14 @@ def _secret(cfg: ProfileConfig, plans: tuple[PoolPlan, ...]) -> dict[str, Any]:
         "type": "Opaque",
         "stringData": values,
     }
+
+
+def _placeholder(name: str, hashes: set[str], cfg: ProfileConfig) -> str:
+    if name in hashes:
+        return "REPLACE with the sha256 of the key (lane-router hash-key --new)"
+    if name == cfg.state.redis_url_env:
+        return "REPLACE with the shared-state Redis URL (redis://[:password@]host:6379/0)"
+    return "REPLACE with a long random string shared by the router and the pool"
 
 
 def _profile_map(profile: dict[str, Any]) -> dict[str, Any]:
@@ -385,7 +394,7 @@ def _notes(cfg: ProfileConfig, plans: tuple[PoolPlan, ...], opts: K8sOptions) ->
         "backends in the profile and render again.",
         f"NetworkPolicy {NETWORK_POLICY!r} admits only router pods to the pools (it needs a CNI that "
         "enforces NetworkPolicy); vLLM's own /metrics is therefore not scraped directly.",
-        "Router replicas keep rate-limit counters and slow-client memory each on their own.",
+        *state_notes(cfg, REDIS, REDIS_POLICY),
         f"Prometheus finds every router pod through the headless Service {ROUTER_PODS!r} "
         "(deploy/prometheus/prometheus-k8s.yml).",
         f"ConfigMap {PROFILE_MAP!r} is mounted as a directory, so edits reach the routers without a restart.",

@@ -1,156 +1,110 @@
-"""A worked example of evidence transfer (or its refusal).
+"""The worked example's profiles and workload: config A, config B, and the traffic that measures them.
 
-Config A — TP=1, 8192-token context, 8 sequences — was measured for chat traffic up to 2048 input
-and 512 output tokens at 8 requests in flight, and passes for that slice. Config B — the same
-model on TP=2 with a 16384-token context, meant to run 4096/1024 at 12 in flight — is DEFERred
-until it is measured itself: A's numbers say nothing about it.
-
-The measurement values are illustrative figures for the example, not results from this machine.
+Two pools of simulated Llama-3-8B engines. `interactive` serves chat, agent, RAG and slow streams
+up to 2,048 prompt and 512 output tokens at 8 in flight; `bulk` serves long-context and batch
+work up to 4,096 prompt and 128 output tokens at 4 in flight. Config A runs `interactive` on
+TP=1 with an 8,192-token context and 8 sequences; config B changes only that pool, to TP=2 and
+a 16,384-token context. The workload sends each measured lane requests at its largest admitted
+shape, so the measured slice reaches the lane's limits instead of falling just short of them.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import Any
 
-from router.config.load import parse_profile
-from router.config.models import ProfileConfig, RequestClass
-from router.config.vllm import VllmSettings
-from router.evidence.boundary import security_boundary_note
-from router.evidence.build import new_record, workload_sha256
-from router.evidence.decide import Decision
-from router.evidence.profile import decide_profile
-from router.evidence.records import (
-    CapacityEvidenceRecord,
-    LatencySummary,
-    MeasuredSlice,
-    MeasurementProtocol,
-    Measurements,
-    TokenRange,
-    WarmupState,
-)
-from router.evidence.targets import SloTargets
+from router.config.models import RequestClass
 
-MODEL = "lane-router/example-instruct"
-POOL = "main"
-WORKLOAD = b"chat: input 64-2048 tokens, output 16-512 tokens, 8 closed-loop clients, seed 7\n"
-
-
-def config_a() -> VllmSettings:
-    return VllmSettings(
-        version="0.32.0",
-        model_revision="5f1e0c2a9b7d4e3f8a6c1b0d2e4f6a8c9b7d5e3f",
-        max_model_len=8192,
-        max_num_batched_tokens=2048,
-        max_num_seqs=8,
-        tensor_parallel_size=1,
-        hardware_profile="2x-gpu-48gb",
-    )
-
-
-def config_b() -> VllmSettings:
-    changes = {"tensor_parallel_size": 2, "max_model_len": 16384}
-    return VllmSettings.model_validate({**config_a().model_dump(), **changes})
-
-
-def example_profile(
-    settings: VllmSettings, *, max_in_flight: int, max_prompt: int, max_output: int
-) -> ProfileConfig:
-    """One pool serving every lane; the chat lane carries the limits the evidence is about."""
-    data = example_profile_data(
-        settings, max_in_flight=max_in_flight, max_prompt=max_prompt, max_output=max_output
-    )
-    return parse_profile(data, "evidence-example")
-
-
-def example_profile_data(
-    settings: VllmSettings, *, max_in_flight: int, max_prompt: int, max_output: int
-) -> dict[str, object]:
-    """The profile file's content, as it would be written in YAML."""
-    lanes: dict[str, dict[str, object]] = {cls.value: {"pool": POOL} for cls in RequestClass}
-    lanes[RequestClass.CHAT.value] = {
-        "pool": POOL,
-        "max_in_flight": max_in_flight,
-        "max_prompt_tokens": max_prompt,
-        "max_output_tokens": max_output,
-    }
-    return {
-        "profile": "evidence-example",
-        "pools": {
-            POOL: {
-                "backends": ["http://127.0.0.1:8101"],
-                "model": MODEL,
-                "upstream_api_key_env": "POOL_MAIN_KEY",
-                "vllm": settings.model_dump(mode="json"),
-            }
-        },
-        "lanes": lanes,
-        "keys": [
-            {"name": "web", "sha256": _digest(b"example web key"), "classes": ["chat"]},
-            {"name": "ops", "sha256": _digest(b"example ops key"), "admin": True},
-        ],
-    }
-
-
-def profile_a() -> ProfileConfig:
-    return example_profile(config_a(), max_in_flight=8, max_prompt=2048, max_output=512)
-
-
-def profile_b() -> ProfileConfig:
-    return example_profile(config_b(), max_in_flight=12, max_prompt=4096, max_output=1024)
-
-
-def record_a() -> CapacityEvidenceRecord:
-    """The measurement of config A's chat slice."""
-    cfg = profile_a()
-    return new_record(
-        cfg.pools[POOL],
-        warmup=WarmupState.DONE,
-        protocol=MeasurementProtocol(
-            tool="lane-router bench",
-            workload_sha256=workload_sha256(WORKLOAD),
-            duration_s=600.0,
-            sample_count=1200,
-        ),
-        measured_slice=MeasuredSlice(
-            input_tokens=TokenRange(min=64, max=2048),
-            output_tokens=TokenRange(min=16, max=512),
-            concurrency=8,
-            class_mix={RequestClass.CHAT: 1.0},
-        ),
-        measurements=Measurements(
-            ttft=LatencySummary(p50_ms=310.0, p95_ms=820.0),
-            itl=LatencySummary(p50_ms=28.0, p95_ms=41.0),
-            e2e=LatencySummary(p50_ms=9100.0, p95_ms=14200.0),
-            queue_time=LatencySummary(p50_ms=3.0, p95_ms=40.0),
-            output_tokens_per_s=236.0,
-            requests_per_s=0.9,
-            error_count=0,
-            timeout_count=0,
-        ),
-        measured_at=datetime(2025, 6, 2, 9, 30, tzinfo=UTC),
-        security_boundary_note=security_boundary_note(cfg),
-    )
+MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
+# The simulator has no weights to pin; the revision says so rather than borrow a real one.
+MODEL_REVISION = "simulated"
+INTERACTIVE = "interactive"
+BULK = "bulk"
+INTERACTIVE_LANES = (RequestClass.CHAT, RequestClass.AGENT, RequestClass.RAG, RequestClass.SLOW_STREAM)
+BULK_LANES = (RequestClass.LONG_CONTEXT, RequestClass.BATCH)
 
 
 @dataclass(frozen=True, slots=True)
-class WorkedExample:
-    record: CapacityEvidenceRecord
-    decisions_a: dict[RequestClass, Decision]
-    decisions_b: dict[RequestClass, Decision]
+class LaneLimits:
+    prompt_tokens: int
+    output_tokens: int
+    in_flight: int
 
 
-def worked_example(slo: SloTargets | None = None) -> WorkedExample:
-    """Both profiles judged against the one record that exists: config A's."""
-    slo = slo or SloTargets()
-    record = record_a()
-    return WorkedExample(
-        record=record,
-        decisions_a=decide_profile(profile_a(), [record], slo),
-        decisions_b=decide_profile(profile_b(), [record], slo),
-    )
+INTERACTIVE_LIMITS = LaneLimits(prompt_tokens=2048, output_tokens=512, in_flight=8)
+BULK_LIMITS = LaneLimits(prompt_tokens=4096, output_tokens=128, in_flight=4)
 
 
-def _digest(text: bytes) -> str:
-    return hashlib.sha256(text).hexdigest()
+def interactive_settings(config: str) -> dict[str, Any]:
+    """The `interactive` pool's capacity settings under config "A" or "B"."""
+    a = {"tensor_parallel_size": 1, "max_model_len": 8192, "max_num_seqs": 8, "max_num_batched_tokens": 2048}
+    if config == "A":
+        return a
+    if config == "B":
+        return {**a, "tensor_parallel_size": 2, "max_model_len": 16384}
+    raise ValueError(f"unknown config {config!r} (A or B)")
+
+
+def example_profile(
+    config: str, *, ports: Mapping[str, int], key_sha256: str, hardware: str
+) -> dict[str, Any]:
+    """Config A or B as a profile mapping, backends on the given loopback ports."""
+    # Four tokens per streamed chunk: the engines, the router and the client all run on the one
+    # machine's CPU, and a quarter of the chunks keeps them in real time on a small, shared one.
+    identity = {"model_revision": MODEL_REVISION, "hardware_profile": hardware, "stream_interval": 4}
+    pools = {
+        INTERACTIVE: _pool(ports[INTERACTIVE], {**identity, **interactive_settings(config)}),
+        BULK: _pool(
+            ports[BULK],
+            {**identity, "max_model_len": 16384, "max_num_batched_tokens": 8192, "max_num_seqs": 16},
+        ),
+    }
+    lanes = {cls.value: _lane(INTERACTIVE, INTERACTIVE_LIMITS) for cls in INTERACTIVE_LANES}
+    lanes |= {cls.value: _lane(BULK, BULK_LIMITS) for cls in BULK_LANES}
+    return {
+        "profile": f"evidence-example-{config.lower()}",
+        "description": f"config {config} of the capacity-evidence worked example (docs/evidence.md)",
+        # Each answer names its lane, so the benchmark can file one record per lane.
+        "debug_headers": True,
+        "health": {"interval_s": 0.5, "timeout_s": 2.0},
+        "pools": pools,
+        "lanes": lanes,
+        # Prompts from the bulk lanes' limit on are long-context work.
+        "classify": {"long_context_tokens": BULK_LIMITS.prompt_tokens},
+        "keys": [{"name": "bench", "sha256": key_sha256}],
+    }
+
+
+def example_workload() -> dict[str, Any]:
+    """Chat at the interactive lanes' largest shape, long-context prompts at the bulk lanes'."""
+    return {
+        "name": "evidence-example",
+        "description": "each measured lane at its largest admitted request shape",
+        "seed": 26,
+        "classes": {
+            RequestClass.CHAT.value: _shape(0.55, INTERACTIVE_LIMITS),
+            RequestClass.LONG_CONTEXT.value: _shape(0.45, BULK_LIMITS),
+        },
+    }
+
+
+def _pool(port: int, vllm: Mapping[str, Any]) -> dict[str, Any]:
+    return {"backends": [f"http://127.0.0.1:{port}"], "model": MODEL, "vllm": dict(vllm)}
+
+
+def _lane(pool: str, limits: LaneLimits) -> dict[str, Any]:
+    return {
+        "pool": pool,
+        "max_in_flight": limits.in_flight,
+        "max_prompt_tokens": limits.prompt_tokens,
+        "max_output_tokens": limits.output_tokens,
+    }
+
+
+def _shape(share: float, limits: LaneLimits) -> dict[str, Any]:
+    return {
+        "share": share,
+        "prompt_tokens": {"dist": "fixed", "value": limits.prompt_tokens},
+        "output_tokens": {"dist": "fixed", "value": limits.output_tokens},
+    }

@@ -37,7 +37,7 @@ def admitted(verdicts: list[LaneVerdict], *, allow_conditional: bool) -> bool:
 def verdict_table(verdicts: list[LaneVerdict]) -> str:
     from router.evidence.cli import render_table
 
-    header = ("lane", "pool", "target", "decision", "reason", "retest triggers", "record")
+    header = ("lane", "pool", "target", "decision", "reason", "retest triggers", "slo missed", "record")
     rows = [
         (
             v.cls.value,
@@ -46,6 +46,7 @@ def verdict_table(verdicts: list[LaneVerdict]) -> str:
             v.decision.final_decision.value,
             v.decision.reason_class.value,
             ",".join(t.value for t in v.decision.triggers) or "-",
+            ",".join(m.value for m in v.decision.slo_misses) or "-",
             (v.decision.record_id or "-").removeprefix("sha256:")[:12],
         )
         for v in verdicts

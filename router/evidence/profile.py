@@ -15,7 +15,7 @@ from router.evidence.build import serving_configuration
 from router.evidence.decide import Decision, decide, no_evidence
 from router.evidence.records import CapacityEvidenceRecord, ServingConfiguration
 from router.evidence.targets import SloTargets, Target
-from router.evidence.triggers import slice_triggers
+from router.evidence.triggers import retest_triggers, slice_triggers
 
 
 def lane_target(lane: LaneConfig, pool: PoolConfig) -> Target:
@@ -45,8 +45,9 @@ def select_record(
 
     Among live records with the current configuration hash, the newest whose measured slice
     covers `target` (several lanes of one pool may each have their own), else the newest of them;
-    failing that, the newest record of the same served model, so the decision can name the
-    triggers that fired; else none.
+    failing that, the record of the same served model that fires the fewest retest triggers (the
+    newest of those), so the decision names what changed since this pool's own last measurement
+    rather than how it differs from another pool of the same model; else none.
     """
     live = live_records(records)
     matching = [
@@ -59,7 +60,8 @@ def select_record(
     if matching:
         return matching[0]
     same_model = [r for r in live if r.identity.served_model_name == current.identity.served_model_name]
-    return same_model[0] if same_model else None
+    # `min` keeps the first of equals: `live` is newest first.
+    return min(same_model, key=lambda r: len(retest_triggers(r, current, target)), default=None)
 
 
 def decide_profile(

@@ -1,11 +1,14 @@
 """The router's own per-request work, without sockets: `handle()` driven with an in-memory
 upstream, so an instruction counter sees only the request path's Python.
 
+    python -m router.lanelab.hotpath whole 1          # compile the sources first
     valgrind --tool=callgrind python -m router.lanelab.hotpath whole 100
-    valgrind --tool=callgrind python -m router.lanelab.hotpath whole 1100
+    valgrind --tool=callgrind python -m router.lanelab.hotpath whole 2100
 
-The difference of the two totals over 1000 is the cost of one request (the first run pays
-start-up and 200 warm-up requests alike). `stream` relays 64 SSE chunks and [DONE].
+The difference of the two totals over 2000 is the cost of one request (both runs pay start-up
+and 200 warm-up requests alike; a source recompiled between them would count too, hence the
+first line). `stream` relays 64 SSE chunks and [DONE]. Run as a file with `PYTHONPATH=TREE` to
+measure another tree of the router.
 """
 
 from __future__ import annotations

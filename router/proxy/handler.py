@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 
+from router.admission import outside_lane_shape
 from router.asgi import Message, Receive, Send
 from router.auth import ApiKey
 from router.balance import Affinity, AffinityKey
@@ -96,7 +97,7 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None) -> byt
 
 
 def route(
-    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, client: str | None = None
+    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, slow: bool = False
 ) -> Classification:
     """Classify with the signals the router keeps: repeated prefixes and slow clients."""
     cfg = runtime.config.classify
@@ -104,14 +105,21 @@ def route(
     fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
     if fingerprint is not None:
         seen = runtime.prefixes.observe(fingerprint, time.monotonic())
-    slow = False
-    if facts.stream and len(runtime.slow_clients):
-        identity = client_identity(key.name, headers.client_id, client)
-        slow = runtime.slow_clients.is_slow(identity, time.monotonic())
     signals = Signals(
         header_class=parse_class_header(headers.request_class), prefix_seen=seen, slow_client=slow
     )
     return classify(facts, key, signals, cfg)
+
+
+async def seen_slow(
+    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, client: str | None
+) -> bool:
+    """Whether this stream's client was seen lagging, here or (with shared state) by another
+    replica. Only streams are sent to slow_stream, so nothing else is looked up."""
+    memory = runtime.slow_clients
+    if not facts.stream or (memory.shared is None and not len(memory)):
+        return False
+    return await memory.recall(client_identity(key.name, headers.client_id, client), time.monotonic())
 
 
 def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
@@ -160,7 +168,8 @@ async def handle(
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
     address = _client_address(scope)
-    decision = route(runtime, facts, headers, key, address)
+    slow = await seen_slow(runtime, facts, headers, key, address)
+    decision = route(runtime, facts, headers, key, slow)
     key.allow_class(decision.cls)
     runtime.metrics.classified_child(decision.cls.value, decision.reason.value).inc()
     lane = runtime.lanes[decision.cls]
@@ -169,6 +178,9 @@ async def handle(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",
         )
+    refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.max_tokens)
+    if refused is not None:
+        raise refused
     extra = [(b"x-request-id", rid)]
     if runtime.config.debug_headers:
         extra += [
@@ -216,9 +228,13 @@ async def _run_limited(
     limits = Limits(key.rpm, key.tpm, key.max_concurrency)
     charged = estimate_tokens(facts.prompt_tokens, facts.max_tokens) if key.tpm is not None else 0
     store = runtime.rates
-    verdict = store.acquire(key.name, limits, charged, time.monotonic())
+    verdict = await store.acquire(key.name, limits, charged, time.monotonic())
     if not verdict.allowed:
         raise refusal(verdict)
+    if not verdict.recorded:
+        # The shared store was unavailable and let the request through uncounted.
+        await _run_watched(runtime, ex, rm, receive, send)
+        return
     ex.response_headers.extend(rate_headers(verdict))
     if key.tpm is not None:
         ex.usage_tail = bytearray()
@@ -231,10 +247,10 @@ async def _run_limited(
     finally:
         now = time.monotonic()
         if refund:
-            store.refund(key.name, limits, charged, now)
+            await store.refund(key.name, limits, charged, now)
         else:
             used = parse_usage(bytes(ex.usage_tail[-USAGE_TAIL_BYTES:])) if ex.usage_tail else None
-            store.settle(key.name, limits, charged, used, now)
+            await store.settle(key.name, limits, charged, used, now)
 
 
 async def _run_watched(

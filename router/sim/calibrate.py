@@ -8,7 +8,11 @@ Probes, all streamed with `ignore_eos` and token-id prompts so lengths are exact
   `max_num_seqs` is below B queues the rest);
 * context: the same with long prompts, which separates the per-context-token cost;
 * prefill: one request at a time with prompts of growing length and 2 output tokens; the time
-  to the first token is round trip + frontend + one prefill step.
+  to the first token is round trip + frontend + one prefill step, whose attention part grows
+  with the square of the prompt;
+* frontend: bursts of simultaneous requests, alone and among decoding streams, timed by the
+  client and by the server's own queue and prefill histograms (`router.sim.frontendprobe`): the
+  API server's cost per request, per prompt token and per output token.
 
 Prompts are random ids, so no probe hits the prefix cache. A few plain-text requests measure how
 many tokens the server's tokenizer makes of text the simulator counts at 4 characters a token.
@@ -25,7 +29,7 @@ import platform
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,10 @@ import httpx
 
 from router.sim.config import EngineConfig
 from router.sim.fitting import CalibrationError, Measurements, fit, report
+from router.sim.frontendfit import BACKGROUND_PROMPT, BACKGROUND_TOKENS, BurstPoint
+from router.sim.frontendprobe import BurstProber, median_point
 from router.sim.streamclient import (
+    KEEPALIVE_S,
     PauseDetector,
     StreamError,
     TimedStream,
@@ -60,15 +67,28 @@ class ProbePlan:
     long_prompt: int
     context_batch: int
     prefill_prompts: tuple[int, ...]
-    repeats: int
+    repeats: int  # prefill probes per size and round
+    rounds: int
+    # Burst probes of the API server: (decoding streams, burst size, prompt tokens).
+    burst_points: tuple[tuple[int, int, int], ...] = ()
 
     @staticmethod
     def for_server(max_model_len: int, quick: bool) -> ProbePlan:
         tokens = 24 if quick else 96
         long_prompt = min(2048, max_model_len // 2) - tokens
         # One prefill step each: stay within a 2,048-token step budget and the context.
-        wanted = (16, 256, 1024) if quick else (16, 128, 512, 1024, 1536)
+        # Four sizes at least: the curve has a quadratic (attention) term besides the line.
+        wanted = (16, 256, 1024, 1536) if quick else (16, 128, 512, 1024, 1536, 2000)
         sizes = tuple(p for p in wanted if p + 8 <= min(max_model_len, 2048))
+        # Bursts alone (the admission's cost per request and per prompt token), then single
+        # requests and a burst among decoding streams (the cost per output token).
+        long_burst = max(64, min(1024, max_model_len // 2))
+        burst_points = (
+            ((0, 1, 32), (0, 1, long_burst), (0, 8, 32), (16, 1, 32))
+            if quick
+            else ((0, 1, 32), (0, 1, long_burst), (0, 4, 32), (0, 16, 32), (8, 1, 32), (16, 1, 32),
+                  (32, 1, 32), (16, 8, 32))
+        )  # fmt: skip
         return ProbePlan(
             batches=(1, 4, 16) if quick else (1, 2, 4, 8, 16, 32),
             decode_tokens=tokens,
@@ -76,8 +96,16 @@ class ProbePlan:
             long_prompt=max(64, long_prompt),
             context_batch=8,
             prefill_prompts=sizes,
-            repeats=3 if quick else 5,
+            repeats=3 if quick else 2,
+            rounds=1 if quick else 3,
+            burst_points=burst_points,
         )
+
+    @property
+    def decode_points(self) -> list[tuple[int, int]]:
+        """(streams, prompt tokens) of every decode probe: short prompts at each batch size,
+        then one batch of long prompts for the per-context cost."""
+        return [(b, self.short_prompt) for b in self.batches] + [(self.context_batch, self.long_prompt)]
 
 
 def probe_text(tokens: int, rng: random.Random) -> str:
@@ -110,13 +138,15 @@ class Prober:
         self.pauses = pauses
 
     def clean(self, start: float, end: float) -> bool:
-        """No pause of this process spans [start, end] (its timestamps there are true)."""
-        return self.pauses is None or not self.pauses.spans(start, end)
+        """No pause of this process spoils the interval (both of its timestamps are true)."""
+        return self.pauses is None or not self.pauses.spoils(start, end)
 
-    async def stream(self, prompt_tokens: int, max_tokens: int) -> TimedStream:
+    async def stream(
+        self, prompt_tokens: int, max_tokens: int, on_token: Callable[[float], None] | None = None
+    ) -> TimedStream:
         body = completion_body(self.model, token_prompt(self.rng, prompt_tokens), max_tokens)
         try:
-            return await timed_stream(self.client, body)
+            return await timed_stream(self.client, body, on_token)
         except StreamError as exc:
             raise CalibrationError(f"probe failed: {exc}") from exc
 
@@ -159,34 +189,64 @@ async def measure(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(
-            httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=300)
+            httpx.AsyncClient(
+                base_url=url.rstrip("/"),
+                headers=headers,
+                timeout=300,
+                limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+            )
         )
         m = await _server_facts(client, model)
         plan = ProbePlan.for_server(m.max_model_len, quick)
         pauses = await stack.enter_async_context(PauseDetector())
         prober = Prober(client, m.model, random.Random(seed), pauses)
         await prober.stream(plan.short_prompt, 4)  # warm-up, not measured
-        m.round_trip = await _round_trip(client)
-        for batch in plan.batches:
-            m.decode.append(await prober.decode_point(batch, plan.short_prompt, plan.decode_tokens))
-        m.decode.append(await prober.decode_point(plan.context_batch, plan.long_prompt, plan.decode_tokens))
-        for size in plan.prefill_prompts:
-            runs = [await prober.stream(size, 2) for _ in range(plan.repeats)]
+        # Every probe is repeated in rounds over all sizes, not back to back: a burst of load
+        # from elsewhere on a shared host then spoils one sample of many sizes, which the
+        # median removes, instead of every sample of one size, which would tilt the fit.
+        trips: list[float] = []
+        decode: dict[tuple[int, int], list[tuple[int, int, float, float]]] = {}
+        prefill: dict[int, list[TimedStream]] = {}
+        bursts: dict[tuple[int, int, int], list[BurstPoint]] = {}
+        background = min(4 * BACKGROUND_TOKENS, m.max_model_len - BACKGROUND_PROMPT - 8)
+        burst_prober: BurstProber | None = BurstProber(client, prober.stream, background)
+        for _ in range(plan.rounds):
+            trips += await _round_trips(client, 3)
+            for batch, prompt in plan.decode_points:
+                point = await prober.decode_point(batch, prompt, plan.decode_tokens)
+                decode.setdefault((batch, prompt), []).append(point)
+            for _ in range(plan.repeats):
+                for size in plan.prefill_prompts:
+                    prefill.setdefault(size, []).append(await prober.stream(size, 2))
+            # A server that ran fewer decode streams at once than were sent has that limit.
+            ran = [(p[0], p[1]) for points in decode.values() for p in points]
+            limit = max(r for _, r in ran) if any(r < sent for sent, r in ran) else None
+            if burst_prober is not None and not await burst_prober.round(plan.burst_points, bursts, limit):
+                burst_prober = None
+        m.round_trip = statistics.median(trips)
+        m.decode = [_median_point(points) for points in decode.values()]
+        for runs in prefill.values():
             clean = [r for r in runs if prober.clean(r.start, r.token_times[0])] or runs
-            # The median of repeats: one slow outlier (a busy client) must not tilt the line.
             m.prefill.append((runs[0].prompt_tokens, statistics.median(r.ttft for r in clean)))
+        m.bursts = [median_point(points) for points in bursts.values()]
         m.token_ratio = await prober.text_ratio((64, 256) if quick else (64, 256, 512))
     return m
 
 
-async def _round_trip(client: httpx.AsyncClient) -> float:
+def _median_point(points: Sequence[tuple[int, int, float, float]]) -> tuple[int, int, float, float]:
+    """One decode probe point from its rounds: the median step, the largest batch seen."""
+    sent, _, ctx, _ = points[0]
+    return sent, max(p[1] for p in points), ctx, statistics.median(p[3] for p in points)
+
+
+async def _round_trips(client: httpx.AsyncClient, n: int) -> list[float]:
     """HTTP and client overhead that the simulator's own server adds back when it replays."""
     samples = []
-    for _ in range(7):
+    for _ in range(n):
         start = time.perf_counter()
         (await client.get("/v1/models")).raise_for_status()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return samples
 
 
 async def _server_facts(client: httpx.AsyncClient, model: str | None) -> Measurements:
@@ -222,7 +282,11 @@ def cache_config(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def to_preset(m: Measurements, *, name: str, url: str, stamp: str) -> Preset:
+def to_preset(
+    m: Measurements, *, name: str, url: str, stamp: str, engine_flags: Mapping[str, Any] | None = None
+) -> Preset:
+    """`engine_flags`: scheduler settings the server was started with, which no probe sees
+    (e.g. max_num_seqs); they override what calibration would assume."""
     engine: dict[str, Any] = {"max_model_len": m.max_model_len}
     if m.version:
         engine["version"] = m.version
@@ -230,12 +294,14 @@ def to_preset(m: Measurements, *, name: str, url: str, stamp: str) -> Preset:
         engine["block_size"] = m.block_size
     engine["num_gpu_blocks"] = m.num_gpu_blocks or EngineConfig().num_gpu_blocks
     engine["max_num_batched_tokens"] = max(EngineConfig().max_num_batched_tokens, m.max_model_len)
+    engine.update(engine_flags or {})
+    config = EngineConfig.from_mapping(engine)
     return Preset(
         name=name,
         description=f"calibrated against {m.model} at {url} on {stamp}",
         model=m.model,
-        timing=fit(m),
-        engine=EngineConfig.from_mapping(engine),
+        timing=fit(m, config),
+        engine=config,
     )
 
 
@@ -264,7 +330,7 @@ def header(
         f"host: {host_description()}",
         f"command: {command}",
         *notes,
-        *report(m, preset.timing),
+        *report(m, preset.timing, preset.engine),
     ]
     return "".join(f"# {line}\n" if line else "#\n" for line in lines)
 
@@ -279,10 +345,11 @@ async def calibrate_to_file(
     quick: bool = False,
     command: str = "lane-router sim calibrate",
     notes: Sequence[str] = (),
+    engine_flags: Mapping[str, Any] | None = None,
 ) -> Preset:
     m = await measure(url, api_key=api_key, model=model, quick=quick)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    preset = to_preset(m, name=name, url=url, stamp=stamp)
+    preset = to_preset(m, name=name, url=url, stamp=stamp, engine_flags=engine_flags)
     text = header(m, preset, url=url, stamp=stamp, command=command, notes=notes) + preset.to_yaml()
     await asyncio.to_thread(out.write_text, text)
     return preset

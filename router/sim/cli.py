@@ -13,6 +13,8 @@ from typing import Any
 from router.sim.kv import LAYOUTS
 
 DEFAULT_PRESET = "h100-llama3-8b"
+# Scheduler limits of the calibrated server that no probe can observe: given on the command line.
+_CALIBRATE_ENGINE_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
 
 # vLLM-style flags and the EngineConfig field each one sets.
 _INT_FLAGS = {
@@ -78,6 +80,13 @@ def register(subparsers: Any) -> None:
     cal.add_argument("--out", type=Path, required=True, help="preset file to write")
     cal.add_argument("--name", help="preset name (default: the file's stem)")
     cal.add_argument("--quick", action="store_true", help="fewer, shorter probes")
+    for field in _CALIBRATE_ENGINE_FLAGS:
+        cal.add_argument(
+            "--" + field.replace("_", "-"),
+            dest=f"cal_{field}",
+            type=int,
+            help="as the server was started (no probe can see it); recorded in the preset",
+        )
     cal.add_argument(
         "--note",
         action="append",
@@ -101,7 +110,13 @@ def register(subparsers: Any) -> None:
     cmp_.add_argument("--workload", choices=["latency", "prefix"], default="latency")
     cmp_.add_argument("--requests", type=int, default=80, help="requests per concurrency level")
     cmp_.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
-    cmp_.add_argument("--seed", type=int, default=0)
+    cmp_.add_argument("--seed", type=int, default=0, help="draws the lengths of the workload")
+    cmp_.add_argument(
+        "--salt",
+        type=int,
+        help="draws the prompts' token ids (default: new each run, so a real server that served "
+        "an earlier run has none of them in its prefix cache)",
+    )
     cmp_.add_argument("--tolerance", type=float, default=0.25, help="relative, for latencies")
     cmp_.add_argument("--hit-rate-points", type=float, default=10.0)
     cmp_.set_defaults(func=cmd_compare)
@@ -209,6 +224,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 quick=args.quick,
                 command=" ".join(["lane-router", "sim", "calibrate", *_calibrate_argv(args)]),
                 notes=args.note,
+                engine_flags=_calibrate_engine_flags(args),
             )
         )
     except CalibrationError as err:
@@ -217,7 +233,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     t = preset.timing
     print(
         f"wrote {args.out}: c0={t.c0:.6g} c_prefill={t.c_prefill:.6g} "
-        f"c_decode={t.c_decode:.6g} c_ctx={t.c_ctx:.6g} frontend_s={t.frontend_s:.6g}"
+        f"c_decode={t.c_decode:.6g} c_ctx={t.c_ctx:.6g} c_attn={t.c_attn:.6g} "
+        f"frontend_s={t.frontend_s:.6g} frontend_request_s={t.frontend_request_s:.6g} "
+        f"frontend_prompt_token_s={t.frontend_prompt_token_s:.6g} "
+        f"frontend_output_token_s={t.frontend_output_token_s:.6g}"
     )
     return 0
 
@@ -229,7 +248,14 @@ def _calibrate_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--model", args.model]
     if args.name:
         argv += ["--name", args.name]
+    for field, value in _calibrate_engine_flags(args).items():
+        argv += ["--" + field.replace("_", "-"), str(value)]
     return argv + (["--quick"] if args.quick else [])
+
+
+def _calibrate_engine_flags(args: argparse.Namespace) -> dict[str, int]:
+    given = {n: getattr(args, f"cal_{n}", None) for n in _CALIBRATE_ENGINE_FLAGS}
+    return {n: v for n, v in given.items() if v is not None}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -245,6 +271,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 levels=args.concurrency,
                 requests=args.requests,
                 seed=args.seed,
+                salt=args.salt,
                 real_api_key=args.real_api_key,
                 sim_api_key=args.sim_api_key,
                 latency_tolerance=args.tolerance,

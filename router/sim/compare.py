@@ -11,9 +11,9 @@ servers do exactly the same work:
   its prefix-cache hit rate from its own `vllm:prefix_cache_*` counters (deltas over the run).
 
 The two servers run one level after the other (real, then simulator) so that both see about the
-same machine; the 1-minute load average at each level is reported with it. Latency samples taken
-across a pause of the measuring process itself (`PauseDetector`) are left out on both sides, and
-the share left out is reported.
+same machine; the 1-minute load average at each level is reported with it. Latency samples whose
+timestamps a pause of the measuring process itself may have delayed (`PauseDetector`) are left
+out on both sides, and the share left out is reported.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import random
+import secrets
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import httpx
 
 from router.sim.streamclient import (
+    KEEPALIVE_S,
     PauseDetector,
     TimedStream,
     completion_body,
@@ -56,7 +58,7 @@ class Observed:
     itl_p95: float
     hit_rate: float
     requests: int
-    dropped: float = 0.0  # share of latency samples left out: taken across a client pause
+    dropped: float = 0.0  # share of latency samples left out: timestamps a client pause delayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +81,18 @@ def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
 
 
 def latency_workload(
-    n: int, *, seed: int = 0, prompt: tuple[int, int] = (50, 1500), output: tuple[int, int] = (16, 256)
+    n: int,
+    *,
+    seed: int = 0,
+    salt: int = 0,
+    prompt: tuple[int, int] = (50, 1500),
+    output: tuple[int, int] = (16, 256),
 ) -> list[Job]:
-    rng = random.Random(seed)
-    return [Job(token_prompt(rng, _log_uniform(rng, *prompt)), _log_uniform(rng, *output)) for _ in range(n)]
+    """`n` independent requests. `seed` draws the lengths; `salt` with it draws the token ids, so
+    a new salt gives the same shape of work in prompts no server has cached yet."""
+    rng, ids = random.Random(seed), random.Random(f"{seed}:{salt}")
+    lengths = [(_log_uniform(rng, *prompt), _log_uniform(rng, *output)) for _ in range(n)]
+    return [Job(token_prompt(ids, p), out) for p, out in lengths]
 
 
 def prefix_workload(
@@ -90,15 +100,16 @@ def prefix_workload(
     questions: int = 6,
     *,
     seed: int = 0,
+    salt: int = 0,
     doc_tokens: tuple[int, int] = (400, 1400),
     question_tokens: tuple[int, int] = (20, 80),
     output: int = 16,
 ) -> list[Job]:
-    """`docs` documents × `questions` questions each, shuffled."""
-    rng = random.Random(seed)
-    texts = [token_prompt(rng, rng.randint(*doc_tokens)) for _ in range(docs)]
+    """`docs` documents × `questions` questions each, shuffled (`seed`, `salt` as above)."""
+    rng, ids = random.Random(seed), random.Random(f"{seed}:{salt}")
+    texts = [token_prompt(ids, rng.randint(*doc_tokens)) for _ in range(docs)]
     jobs = [
-        Job(doc + token_prompt(rng, rng.randint(*question_tokens)), output)
+        Job(doc + token_prompt(ids, rng.randint(*question_tokens)), output)
         for doc in texts
         for _ in range(questions)
     ]
@@ -116,7 +127,7 @@ def summarize(
     streams: Sequence[TimedStream], hit_rate: float, pauses: PauseDetector | None = None
 ) -> Observed:
     def clean(a: float, b: float) -> bool:
-        return pauses is None or not pauses.spans(a, b)
+        return pauses is None or not pauses.spoils(a, b)
 
     all_ttfts = [(s.start, s.token_times[0]) for s in streams]
     all_gaps = [pair for s in streams for pair in itertools.pairwise(s.token_times)]
@@ -138,7 +149,7 @@ async def run_workload(
     url: str, jobs: Sequence[Job], *, concurrency: int = 4, api_key: str | None = None
 ) -> Observed:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=concurrency + 2)
+    limits = httpx.Limits(max_connections=concurrency + 2, keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(
         base_url=url.rstrip("/"), headers=headers, timeout=300, limits=limits
     ) as client:
@@ -203,18 +214,23 @@ async def compare_levels(
     levels: Sequence[int],
     requests: int,
     seed: int = 0,
+    salt: int | None = None,
     real_api_key: str | None = None,
     sim_api_key: str | None = None,
     latency_tolerance: float = 0.25,
     hit_rate_points: float = 10.0,
 ) -> list[Level]:
+    """Each level in turn, real first. Without a `salt`, prompts are fresh for this run: a real
+    server that served an earlier run keeps its prompts in its prefix cache, a restarted
+    simulator does not, and the two would no longer do the same work."""
+    salt = secrets.randbits(32) if salt is None else salt
     out = []
     for i, concurrency in enumerate(levels):
         if workload == "prefix":
-            jobs = prefix_workload(questions=max(2, requests // 5), seed=seed + i)
+            jobs = prefix_workload(questions=max(2, requests // 5), seed=seed + i, salt=salt)
             metrics: tuple[str, ...] = ("hit_rate",)
         else:
-            jobs = latency_workload(requests, seed=seed + i)
+            jobs = latency_workload(requests, seed=seed + i, salt=salt)
             metrics = LATENCY_METRICS
         load = os.getloadavg()[0]
         real = await run_workload(real_url, jobs, concurrency=concurrency, api_key=real_api_key)

@@ -51,6 +51,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.kv)
         self.metrics = EngineMetrics()
         self.requests: dict[str, EngineRequest] = {}
+        self._arrived: list[EngineRequest] = []
         self.steps = 0
         self.busy_time = 0.0
         # Layout statistic sampled every `_LAYOUT_SAMPLE` steps: live sequences, their blocks
@@ -85,6 +86,7 @@ class Engine:
         req.queued_time = now
         self.requests[req.request_id] = req
         self.scheduler.add(req)
+        self._arrived.append(req)
 
     def abort(self, request_id: str, now: float) -> bool:
         """Stop a request and free its blocks (a client went away). False if already done."""
@@ -101,10 +103,18 @@ class Engine:
     # ---- one step ----------------------------------------------------------------------------
     def step(self, now: float) -> StepResult | None:
         """Run one step starting at `now`; None when there is nothing to schedule."""
+        if self._arrived:
+            # vLLM's engine core reads new requests between steps and stamps them queued then:
+            # waiting for the step under way is not part of its queue time.
+            for req in self._arrived:
+                req.queued_time = max(req.queued_time, now)
+            self._arrived.clear()
         sched = self.scheduler.schedule()
         if not sched:
             return None
-        duration = self.timing.step_time(sched.prefill_tokens, sched.decode_seqs, sched.attended_tokens)
+        duration = self.timing.step_time(
+            sched.prefill_tokens, sched.decode_seqs, sched.attended_tokens, sched.prefill_pairs
+        )
         end = now + duration
         result = StepResult(
             start=now,
@@ -121,7 +131,6 @@ class Engine:
         for req, n in sched.tokens.items():
             if req.scheduled_time is None:
                 req.scheduled_time = now
-                metrics.hist["request_queue_time_seconds"].observe(now - req.queued_time)
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             if computed != len(req.token_ids):

@@ -151,6 +151,8 @@ class EngineMetrics:
         h["request_prompt_tokens"].observe(req.num_prompt_tokens)
         h["request_generation_tokens"].observe(req.num_output_tokens)
         if req.scheduled_time is not None:
+            # Like vLLM, every per-phase time is recorded when the request finishes.
+            h["request_queue_time_seconds"].observe(req.scheduled_time - req.queued_time)
             h["request_inference_time_seconds"].observe(t - req.scheduled_time)
             if req.first_token_time is not None:
                 h["request_prefill_time_seconds"].observe(req.first_token_time - req.scheduled_time)

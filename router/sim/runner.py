@@ -1,16 +1,20 @@
 """Drives an Engine in real time on an asyncio loop and hands tokens to per-request streams.
 
 The loop runs steps back to back: schedule (engine.step), sleep for the step's modelled
-duration, then deliver the step's tokens. Steps follow the model's timeline; when the process
-falls behind by more than `_MAX_LAG` (overload), the timeline is reset to the wall clock.
+duration, then hand the step's tokens to the API server's loop (`Frontend`), which passes them
+to the clients when its queue reaches them; the next step does not wait for that, as vLLM's
+engine core does not wait for its API server. Steps follow the model's timeline; when the
+process falls behind by more than `_MAX_LAG` (overload), the timeline is reset to the wall clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 
 from router.sim.engine import Engine, StepResult
+from router.sim.frontend import Frontend
 from router.sim.request import EngineRequest
 
 _MAX_LAG = 0.02
@@ -59,10 +63,12 @@ class TokenStream:
 class EngineRunner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.frontend = Frontend(engine.timing)
         self.streams: dict[str, TokenStream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._timeline = 0.0
+        self._handing: deque[StepResult] = deque()  # steps whose tokens the frontend still holds
 
     @property
     def in_flight(self) -> int:
@@ -80,6 +86,13 @@ class EngineRunner:
                 await task
         for rid in list(self.streams):
             self.abort(rid)
+
+    async def admit(self, prompt_tokens: int) -> None:
+        """Wait while the API server admits a request of this length (its queue, then its work)."""
+        loop = asyncio.get_running_loop()
+        delay = self.frontend.admit(loop.time(), prompt_tokens) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def submit(self, request: EngineRequest) -> TokenStream:
         """Queue a request now; raises Unavailable when the engine's queue is full."""
@@ -117,18 +130,31 @@ class EngineRunner:
             delay = result.end - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            self._deliver(result)
+            handed = self.frontend.emit(result.end, len(result.outputs))
+            if self._handing or handed > loop.time():
+                self._handing.append(result)
+                loop.call_at(handed, self._hand_over)
+            else:
+                self._deliver(result)
 
     async def _idle(self) -> bool:
         self._wake.clear()
         await self._wake.wait()
         return True
 
+    def _hand_over(self) -> None:
+        # One call per queued step, oldest first: timers due at the same moment may run in any
+        # order, the steps' tokens may not.
+        self._deliver(self._handing.popleft())
+
     def _deliver(self, result: StepResult) -> None:
+        # Whether this step finished a request, not whether it has finished by now: the engine
+        # may be steps ahead of the tokens the frontend hands over.
+        ended = set(result.finished)
         for req in result.outputs:
             stream: TokenStream = req.handle
             if not stream.done:  # aborted while the step ran
-                stream._deliver(req.finished)
+                stream._deliver(req in ended)
         streams = self.streams
         for req in result.finished:
             streams.pop(req.request_id, None)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from router.sim.config import EngineConfig
 from router.sim.kv import KVCacheManager, chain_hashes
 from router.sim.request import EngineRequest, Status
+from router.sim.timing import prefill_pairs
 
 _SCAN_LIMIT = 64  # waiting requests looked at per step when some are skipped
 
@@ -39,6 +40,7 @@ class Schedule:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     attended_tokens: int = 0
+    prefill_pairs: int = 0  # causal attention pairs of the prefill chunks
     preempted: list[EngineRequest] = field(default_factory=list)
     admitted: list[EngineRequest] = field(default_factory=list)
 
@@ -104,6 +106,7 @@ class Scheduler:
             if n and self._grow(req, n, out):
                 out.prefill_tokens += n
                 out.attended_tokens += req.num_computed_tokens + n
+                out.prefill_pairs += prefill_pairs(req.num_computed_tokens, n)
                 self._count_partial(req, partial)
         if out.preempted:
             # As in vLLM, a step that had to preempt admits nobody new. Victims may have been
@@ -139,13 +142,14 @@ class Scheduler:
         return prefilling
 
     def _recount(self, out: Schedule) -> None:
-        out.attended_tokens = out.decode_seqs = out.prefill_tokens = 0
+        out.attended_tokens = out.decode_seqs = out.prefill_tokens = out.prefill_pairs = 0
         for req, n in out.tokens.items():
             out.attended_tokens += req.num_computed_tokens + n
             if n == 1 and req.num_output_tokens and req.num_computed_tokens == len(req.token_ids) - 1:
                 out.decode_seqs += 1
             else:
                 out.prefill_tokens += n
+                out.prefill_pairs += prefill_pairs(req.num_computed_tokens, n)
 
     def _prefill_chunk(self, req: EngineRequest, remaining: int, budget: int, partial: _PartialCounts) -> int:
         """Tokens of a prefill this step may compute (0: not this step)."""
@@ -237,6 +241,7 @@ class Scheduler:
             out.budget -= n
             out.prefill_tokens += n
             out.attended_tokens += hit + n
+            out.prefill_pairs += prefill_pairs(hit, n)
             self._count_partial(req, partial)
 
     def _skippable(self, req: EngineRequest, partial: _PartialCounts) -> bool:

@@ -220,9 +220,7 @@ class SimApp:
             max_model_len=engine.config.max_model_len,
             priority_enabled=engine.config.scheduling_policy == "priority",
         )
-        frontend = engine.timing.frontend_s
-        if frontend > 0:
-            await asyncio.sleep(frontend)
+        await self.runner.admit(len(parsed.prompt_token_ids))
         base = _header(scope, b"x-request-id") or f"{self._prefix}{next(self._ids):x}"
         engine_id = f"{base}-{next(self._ids):x}"
         req = new_request(

@@ -25,6 +25,9 @@ import orjson
 
 # Drawn below 2000 so any vocabulary holds them (the tiny test model has 2,048 ids).
 FIRST_ID, LAST_ID = 3, 2000
+# Idle connections are dropped well before uvicorn's 5 s keep-alive (vLLM's server) closes them:
+# reusing one the server is closing at that moment fails the request with a read error.
+KEEPALIVE_S = 2.0
 
 
 class StreamError(RuntimeError):
@@ -85,22 +88,25 @@ async def timed_stream(
     start = time.perf_counter()
     times: list[float] = []
     prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 0
-    async with client.stream("POST", "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise StreamError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = orjson.loads(line[6:])
-            now = time.perf_counter()
-            for choice in event.get("choices") or ():
-                for _ in range(_event_tokens(choice)):
-                    times.append(now)
-                    if on_token is not None:
-                        on_token(now)
-            usage = event.get("usage")
-            if usage:
-                prompt_tokens = int(usage.get("prompt_tokens", prompt_tokens))
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise StreamError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = orjson.loads(line[6:])
+                now = time.perf_counter()
+                for choice in event.get("choices") or ():
+                    for _ in range(_event_tokens(choice)):
+                        times.append(now)
+                        if on_token is not None:
+                            on_token(now)
+                usage = event.get("usage")
+                if usage:
+                    prompt_tokens = int(usage.get("prompt_tokens", prompt_tokens))
+    except httpx.TransportError as exc:
+        raise StreamError(f"{type(exc).__name__}: {exc}") from exc
     if not times:
         raise StreamError("a stream produced no tokens")
     return TimedStream(start, times, prompt_tokens)
@@ -131,13 +137,19 @@ class PauseDetector:
     """Notices when the measuring process itself stops running.
 
     A tick every `tick` seconds; a tick that comes back more than `threshold` late means this
-    process (or the whole machine) did not run meanwhile, and every timestamp taken just after is
-    late by as much. On a shared host such pauses reach hundreds of milliseconds; a sample
-    (a TTFT, one token gap) that spans one says more about the host than about the server.
+    process (or the whole machine) did not run meanwhile. A timestamp taken during such a pause,
+    or while the process catches up just after it (`settle`), may be late: whatever it marks
+    (a token's arrival) may have happened earlier. A sample (a TTFT, one token gap) is only as
+    good as its two timestamps, so it is spoiled when either may be late, or when a pause began
+    right after its start (the request it times went out late). A sample that merely contains a
+    pause is not: its end was read when the token came, and leaving such samples out would drop
+    long ones (which contain more pauses) far more often than short ones, biasing every
+    percentile low on a busy host.
     """
 
     tick: float = 0.005
     threshold: float = 0.02
+    settle: float = 0.01
     pauses: list[tuple[float, float]] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
@@ -160,7 +172,11 @@ class PauseDetector:
             if after - before - self.tick > self.threshold:
                 self.pauses.append((before + self.tick, after))
 
-    def spans(self, start: float, end: float) -> bool:
-        """Whether a pause overlaps the interval (start, end]. A sample starting right at a
-        pause's end counts too: its first timestamp was taken late."""
-        return any(b >= start and a < end for a, b in self.pauses)
+    def late(self, t: float) -> bool:
+        """Whether a timestamp taken at `t` may be late: during a pause or just after one."""
+        return any(a < t < b + self.settle for a, b in self.pauses)
+
+    def spoils(self, start: float, end: float) -> bool:
+        """Whether the interval between two timestamps of this process may be wrong."""
+        delayed_start = any(start <= a < start + self.settle for a, _ in self.pauses)
+        return delayed_start or self.late(start) or self.late(end)

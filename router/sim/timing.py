@@ -3,15 +3,27 @@
 One engine step costs
 
     t = c0 + c_prefill · prefill_tokens + c_decode · decode_seqs + c_ctx · attended_context_tokens
+          + c_attn · prefill_attention_pairs
 
 * c0 — the fixed cost of a forward pass: reading every weight once (memory bound) plus
   scheduling and launch overhead;
 * c_prefill — compute per prompt token processed in the step;
 * c_decode — per running sequence that produces a token (sampling, its share of the matmuls);
-* c_ctx — reading the KV cache of each token attended to (context of every scheduled request).
+* c_ctx — reading the KV cache of each token attended to (context of every scheduled request);
+* c_attn — attention compute per (prompt token, earlier token) pair of the prefill chunks in the
+  step: a chunk of n tokens after c computed ones has n·c + n(n+1)/2 such pairs, so prefill
+  time grows quadratically with the prompt where attention is compute bound (for the tiny model
+  on a CPU it is most of a 2,000-token prefill). Decode attention is one pair per
+  context token and stays in c_ctx.
 
-`frontend_s` is the latency a request spends in the API server before the engine sees it
-(parsing, chat template, tokenization, IPC); it adds to time-to-first-token only.
+The API server in front of the engine (`router.sim.frontend`) is one event loop, modelled as a
+single FIFO server: admitting a request takes `frontend_request_s + frontend_prompt_token_s ·
+prompt_tokens` of its time (parsing, validation, tokenization, handing the request to the
+engine), and every output token the engine emits takes `frontend_output_token_s` of it
+(detokenizing, formatting and writing the stream event) before the client sees the token. So
+busy decoding delays the admission of new requests and a burst of arrivals delays tokens.
+`frontend_s` is latency taken in parallel on top (inter-process hops), before the engine sees a
+request; it adds to time-to-first-token only.
 
 Presets live in `router/sim/presets/*.yaml` with their derivation; `lane-router sim calibrate`
 fits the coefficients against a running vLLM and writes a new preset.
@@ -31,6 +43,11 @@ import yaml
 from router.sim.config import EngineConfig
 
 
+def prefill_pairs(computed: int, chunk: int) -> int:
+    """Causal attention pairs of a prefill chunk of `chunk` tokens after `computed` ones."""
+    return chunk * computed + chunk * (chunk + 1) // 2
+
+
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
     c0: float
@@ -38,18 +55,45 @@ class StepTimeModel:
     c_decode: float
     c_ctx: float
     frontend_s: float = 0.0
+    c_attn: float = 0.0
+    frontend_request_s: float = 0.0
+    frontend_prompt_token_s: float = 0.0
+    frontend_output_token_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.c0, self.c_prefill, self.c_decode, self.c_ctx, self.frontend_s) < 0:
+        if min(dataclasses.astuple(self)) < 0:
             raise ValueError("step-time coefficients must be ≥ 0")
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, attended_tokens: int) -> float:
+    def admission_cost(self, prompt_tokens: int) -> float:
+        """Time of the API server's loop spent admitting one request."""
+        return self.frontend_request_s + self.frontend_prompt_token_s * prompt_tokens
+
+    def output_cost(self, tokens: int) -> float:
+        """Time of the API server's loop spent passing `tokens` output tokens to clients."""
+        return self.frontend_output_token_s * tokens
+
+    def with_frontend(self, request_s: float, prompt_token_s: float, output_token_s: float) -> StepTimeModel:
+        return dataclasses.replace(
+            self,
+            frontend_request_s=request_s,
+            frontend_prompt_token_s=prompt_token_s,
+            frontend_output_token_s=output_token_s,
+        )
+
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, attended_tokens: int, prefill_pairs: int = 0
+    ) -> float:
         return (
             self.c0
             + self.c_prefill * prefill_tokens
             + self.c_decode * decode_seqs
             + self.c_ctx * attended_tokens
+            + self.c_attn * prefill_pairs
         )
+
+    def prefill_time(self, prompt_tokens: int) -> float:
+        """One step that prefills a whole prompt of this length from scratch, nothing else."""
+        return self.step_time(prompt_tokens, 0, prompt_tokens, prefill_pairs(0, prompt_tokens))
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

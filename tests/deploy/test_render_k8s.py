@@ -60,7 +60,7 @@ def deployed_profile(docs: list[Doc]) -> ProfileConfig:
 def test_valid_against_the_kubernetes_schemas(version: str) -> None:
     # The GPU and CPU renderings differ only in their pools: each distinct object is checked once.
     unique = {json.dumps(d, sort_keys=True): d for device in ("gpu", "cpu") for d in manifests(device=device)}
-    assert len(unique) == 16 + 4
+    assert len(unique) == 16 + 3 + 4  # + Redis; the CPU pools differ
     for doc in unique.values():
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -202,7 +202,7 @@ def test_cpu_pools_run_the_cpu_image_as_non_root() -> None:
 
 def test_only_router_pods_may_reach_the_pools() -> None:
     docs = manifests()
-    [policy] = kind(docs, "NetworkPolicy")
+    policy = one(docs, "NetworkPolicy", "vllm-pools-from-router-only")
     router_pods = pod_labels(one(docs, "Deployment", "lane-router"))
     pool_pods = [pod_labels(s) for s in kind(docs, "StatefulSet")]
     spec = policy["spec"]
@@ -226,3 +226,34 @@ def test_the_router_refuses_to_start_on_the_key_hash_placeholders() -> None:
 
     with pytest.raises(ValueError, match=f"key {first.name!r}: no valid sha256"):
         build_keys(profile.keys, placeholders)
+
+
+def test_only_router_pods_may_reach_the_shared_state() -> None:
+    docs = manifests()
+    redis = one(docs, "Deployment", "lane-router-redis")
+    service = one(docs, "Service", "lane-router-redis")
+    policy = one(docs, "NetworkPolicy", "redis-from-router-only")
+    router_pods = pod_labels(one(docs, "Deployment", "lane-router"))
+    others = [pod_labels(s) for s in kind(docs, "StatefulSet")]
+
+    assert deployed_profile(docs).state.redis_url == "redis://lane-router-redis:6379/0"
+    assert selects(service["spec"]["selector"], pod_labels(redis))
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(redis))
+    [rule] = policy["spec"]["ingress"]
+    [source] = rule["from"]
+    assert selects(source["podSelector"]["matchLabels"], router_pods)
+    assert not any(selects(source["podSelector"]["matchLabels"], labels) for labels in others)
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    assert redis["spec"]["replicas"] == 1 and container(redis)["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_an_external_redis_url_is_a_router_secret() -> None:
+    data = small()
+    data["state"] = {"redis_url_env": "LR_REDIS_URL"}
+    docs = render_k8s(cfg(data)).documents
+
+    assert not [d for d in docs if d["metadata"]["name"] == "lane-router-redis"]
+    secret = one(list(docs), "Secret", "lane-router-secrets")["stringData"]
+    assert secret["LR_REDIS_URL"].startswith("REPLACE with the shared-state Redis URL")
+    env = {e["name"]: e for e in container(one(list(docs), "Deployment", "lane-router"))["env"]}
+    assert env["LR_REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "LR_REDIS_URL"

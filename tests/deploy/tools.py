@@ -1,8 +1,9 @@
 """External checkers for the deployment files, and where the tests find them.
 
 hadolint, kubernetes-validate and the compose-spec schema (vendored by check-jsonschema) come with
-the dev extras. promtool comes from Debian (scripts/install-ci-tools.sh): without it the checks
-skip, unless LANE_ROUTER_REQUIRE_TOOLS=1 (as in CI), where a missing tool fails them.
+the dev extras. promtool (and redis-server, for the shared-state tests) come from Debian
+(scripts/install-ci-tools.sh): without them the checks skip, unless LANE_ROUTER_REQUIRE_TOOLS=1
+(as in CI), where a missing tool fails them.
 """
 
 from __future__ import annotations

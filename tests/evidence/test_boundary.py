@@ -5,7 +5,7 @@ import hashlib
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig, RequestClass
 from router.evidence.boundary import key_scopes, security_boundary_note
-from router.evidence.example import profile_a
+from tests.evidence.factories import profile_a
 
 
 def _profile(keys: list[dict[str, object]], pool_key: bool = True) -> ProfileConfig:

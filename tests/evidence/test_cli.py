@@ -7,9 +7,8 @@ import pytest
 import yaml
 
 from router.cli import main
-from router.evidence.example import config_a, config_b, example_profile_data
 from router.evidence.store import EvidenceStore
-from tests.evidence.factories import base_record, evolve
+from tests.evidence.factories import base_record, config_a, config_b, evolve, example_profile_data
 
 
 @pytest.fixture

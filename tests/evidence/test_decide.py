@@ -8,11 +8,18 @@ import pytest
 
 from router.config.vllm import VllmSettings
 from router.evidence.decide import DECISION_FIELDS, Decision, decide, no_evidence
-from router.evidence.example import config_a, config_b
 from router.evidence.records import CapacityEvidenceRecord, ServingConfiguration
 from router.evidence.targets import SloMetric, SloTargets, Target
 from router.evidence.triggers import RetestTrigger
-from tests.evidence.factories import BASE_TARGET, base_record, current_a, current_for, evolve
+from tests.evidence.factories import (
+    BASE_TARGET,
+    base_record,
+    config_a,
+    config_b,
+    current_a,
+    current_for,
+    evolve,
+)
 
 
 @dataclass(frozen=True)

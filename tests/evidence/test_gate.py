@@ -9,8 +9,8 @@ import yaml
 
 from router.cli import main
 from router.config.vllm import VllmSettings
-from router.evidence.example import config_a, config_b, example_profile_data, record_a
 from router.evidence.store import EvidenceStore
+from tests.evidence.factories import config_a, config_b, example_profile_data, record_a
 
 
 def _write_profile(tmp_path: Path, settings: VllmSettings, in_flight: int) -> Path:
@@ -47,7 +47,7 @@ def test_check_defers_a_changed_configuration_and_names_the_triggers(
     tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     profile = _write_profile(tmp_path, config_b(), 8)
-    assert main(["check", str(profile), "--evidence", str(store)]) == 0
+    assert main(["check", str(profile), "--evidence", str(store)]) == 3  # as `evidence decide` exits
     evidence = capsys.readouterr().out.split("evidence:")[1]
     assert evidence.count(" DEFER ") == 6
     assert "config_hash" in evidence and "parallelism" in evidence

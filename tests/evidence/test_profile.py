@@ -3,10 +3,20 @@ from __future__ import annotations
 from router.config.models import LaneConfig, RequestClass
 from router.config.vllm import server_configuration_hash
 from router.evidence.decide import decide
-from router.evidence.example import POOL, config_a, example_profile, profile_a, profile_b
 from router.evidence.profile import decide_profile, lane_target, live_records, select_record
 from router.evidence.targets import SloTargets, Target
-from tests.evidence.factories import BASE_TARGET, base_record, current_a, current_for, evolve
+from tests.evidence.factories import (
+    BASE_TARGET,
+    POOL,
+    base_record,
+    config_a,
+    current_a,
+    current_for,
+    evolve,
+    example_profile,
+    profile_a,
+    profile_b,
+)
 
 
 def test_a_lane_target_comes_from_its_limits() -> None:
@@ -71,6 +81,27 @@ def test_select_falls_back_to_the_served_model_so_triggers_can_be_named() -> Non
     )
     assert select_record([stranger], current_a()) is None
     assert select_record([], current_a()) is None
+
+
+def test_the_fallback_is_the_closest_record_of_the_model_not_the_newest() -> None:
+    # Two pools of one model: after a change to the first, its own old record names what changed;
+    # the other pool's newer record would name differences between pools instead.
+    own = base_record()
+    other_pool = evolve(
+        own,
+        {
+            "measured_at": "2025-07-01T00:00:00Z",
+            "identity.server_configuration_hash": "sha256:" + "3" * 64,
+            "context.knobs.max_num_seqs": 16,
+            "context.knobs.max_num_batched_tokens": 8192,
+            "measured_slice.concurrency": 4,
+        },
+    )
+    changed = current_for(config_a().model_copy(update={"tensor_parallel_size": 2}))
+    for records in ([own, other_pool], [other_pool, own]):
+        assert select_record(records, changed, BASE_TARGET) == own
+    twin = evolve(own, {"measured_at": "2025-06-09T00:00:00Z"})
+    assert select_record([own, twin], changed, BASE_TARGET) == twin  # equally close: the newest
 
 
 def test_decide_profile_judges_every_lane() -> None:

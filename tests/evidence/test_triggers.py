@@ -5,7 +5,6 @@ import pytest
 from router.config.models import RequestClass
 from router.config.vllm import VllmSettings
 from router.evidence.build import capacity_knobs, serving_configuration
-from router.evidence.example import MODEL, POOL, config_a, example_profile
 from router.evidence.records import MeasuredSlice, TokenRange
 from router.evidence.targets import Target
 from router.evidence.triggers import (
@@ -15,7 +14,16 @@ from router.evidence.triggers import (
     retest_triggers,
     slice_triggers,
 )
-from tests.evidence.factories import BASE_TARGET, base_record, current_a, current_for
+from tests.evidence.factories import (
+    BASE_TARGET,
+    MODEL,
+    POOL,
+    base_record,
+    config_a,
+    current_a,
+    current_for,
+    example_profile,
+)
 
 T = RetestTrigger
 

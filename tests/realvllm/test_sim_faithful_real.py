@@ -69,4 +69,9 @@ async def test_calibration_records_the_real_servers_facts(vllm_a: VllmServer, tm
     # The tiny model's 2,048-word tokenizer cuts plain text finer than 4 characters a token.
     ratio = float(text.split("server tokens per simulator token on plain text: ")[1].split()[0])
     assert ratio > 1.5
-    assert preset.timing.c0 > 0 and preset.timing.c_prefill + preset.timing.c_ctx > 0
+    t = preset.timing
+    assert t.c0 > 0 and t.c_prefill + t.c_ctx + t.c_attn > 0
+    # vLLM reports its queue and prefill histograms, so the burst probes of its API server ran
+    # and were read. (A quick calibration's few probes do not pin the serial costs: their fit
+    # is checked on simulated probes in tests/sim/test_frontend.py.)
+    assert "frontend probes:" in text

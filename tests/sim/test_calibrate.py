@@ -18,7 +18,7 @@ from router.sim.server import ServerSettings
 from router.sim.streamclient import TimedStream
 from router.sim.timing import StepTimeModel, load_preset
 
-TRUE = StepTimeModel(c0=0.015, c_prefill=4e-5, c_decode=0.002, c_ctx=2e-6, frontend_s=0.006)
+TRUE = StepTimeModel(c0=0.015, c_prefill=4e-5, c_decode=0.002, c_ctx=2e-6, frontend_s=0.006, c_attn=3e-8)
 
 
 def test_least_squares_recovers_exact_coefficients() -> None:
@@ -32,10 +32,10 @@ def test_fit_inverts_the_model_on_exact_points() -> None:
     m = Measurements(model="m", max_model_len=4096)
     for b, ctx in ((1, 50), (4, 50), (16, 50), (8, 1000)):
         m.decode.append((b, b, ctx, TRUE.step_time(0, b, b * ctx)))
-    for p in (16, 256, 1024):
-        m.prefill.append((p, TRUE.frontend_s + TRUE.step_time(p, 0, p)))
+    for p in (16, 256, 1024, 1536):
+        m.prefill.append((p, TRUE.frontend_s + TRUE.prefill_time(p)))
     got = fit(m)
-    for name in ("c0", "c_prefill", "c_decode", "c_ctx", "frontend_s"):
+    for name in ("c0", "c_prefill", "c_decode", "c_ctx", "frontend_s", "c_attn"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
 
 
@@ -43,7 +43,7 @@ def test_fit_uses_the_batch_the_server_ran_not_the_streams_sent() -> None:
     m = Measurements(model="m", max_model_len=4096)
     for sent, ran, ctx in ((1, 1, 50), (4, 4, 50), (16, 16, 50), (32, 16, 50), (8, 8, 1000)):
         m.decode.append((sent, ran, ctx, TRUE.step_time(0, ran, ran * ctx)))
-    m.prefill += [(p, TRUE.step_time(p, 0, p)) for p in (16, 1024)]
+    m.prefill += [(p, TRUE.prefill_time(p)) for p in (16, 512, 1024)]
     assert fit(m).c_decode == pytest.approx(TRUE.c_decode, rel=0.05)
 
 
@@ -89,8 +89,9 @@ async def test_calibrating_against_a_simulated_server_recovers_its_timing(tmp_pa
     # Prefill and frontend share the TTFT line; check the line. Client-side scheduling noise
     # on a busy machine lands in the intercept, hence the small absolute allowance.
     for p in (16, 1024):
-        want = TRUE.frontend_s + TRUE.step_time(p, 0, p)
-        assert abs(got.frontend_s + got.step_time(p, 0, p) - want) <= 0.2 * want + 0.008
+        want = TRUE.frontend_s + TRUE.prefill_time(p)
+        line = got.frontend_s + got.admission_cost(p) + got.output_cost(1) + got.prefill_time(p)
+        assert abs(line - want) <= 0.2 * want + 0.008
     # The written file is a loadable preset that carries the server's own facts.
     loaded = load_preset(str(out))
     assert loaded.name == "fitted" and loaded.model == "probe-model"

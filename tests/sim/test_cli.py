@@ -4,6 +4,7 @@ import asyncio
 import os
 import signal
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from router.cli import build_parser
 from router.config.load import parse_profile
 from router.sim.cli import build_specs, parse_ports
 from router.sim.config import EngineConfig
+from router.sim.frontendfit import BurstPoint, modelled_overheads
 from router.sim.profile import profile_specs
 from router.sim.serve import EngineSpec, SimCluster
 from router.sim.server import ServerSettings
@@ -28,12 +30,63 @@ def test_packaged_presets_load_and_validate() -> None:
     assert h100.engine.num_gpu_blocks == 27928 and h100.engine.max_model_len == 8192
     # The small-batch decode floor the preset is derived from: ≈5–6 ms.
     assert 0.005 <= h100.timing.step_time(0, 1, 1000) <= 0.0065
+    # cpu-tiny is a calibration record: its comment block lists the real server's measured
+    # decode steps and prefill TTFTs, and its fitted model must reproduce them.
     tiny = load_preset("cpu-tiny")
-    for batch, measured in ((1, 430), (8, 1850), (32, 4900)):
-        modelled = batch / tiny.timing.step_time(0, batch, batch * 100)
-        assert abs(modelled / measured - 1) < 0.25
+    decode, prefill, round_trip = _recorded_probes("cpu-tiny")
+    assert len(decode) >= 5 and len(prefill) >= 4
+    for batch, ctx, measured in decode:
+        assert tiny.timing.step_time(0, batch, round(batch * ctx)) == pytest.approx(measured, rel=0.25)
+    t = tiny.timing
+    for prompt, measured in prefill:
+        modelled = (
+            round_trip + t.frontend_s + t.admission_cost(prompt) + t.output_cost(1) + t.prefill_time(prompt)
+        )
+        assert modelled == pytest.approx(measured, rel=0.25)
+    # The burst probes of its API server, and what this preset's frontend makes of them.
+    bursts = _recorded_bursts("cpu-tiny")
+    assert len(bursts) >= 4
+    points = [BurstPoint(k, n, p, measured) for k, n, p, measured, _ in bursts]
+    recorded = [model for *_, model in bursts]
+    assert modelled_overheads(t, tiny.engine, points, round_trip) == pytest.approx(recorded, abs=2e-6)
+    assert tiny.engine.block_size == 128  # vLLM's CPU default, as the real server ran
     with pytest.raises(ValueError, match="unknown preset"):
         load_preset("nope")
+
+
+def _recorded_probes(name: str) -> tuple[list[tuple[int, float, float]], list[tuple[int, float]], float]:
+    """(batch, context, step s), (prompt, TTFT s) and the round trip from a preset's comments."""
+    text = (resources.files("router.sim") / "presets" / f"{name}.yaml").read_text()
+    decode: list[tuple[int, float, float]] = []
+    prefill: list[tuple[int, float]] = []
+    round_trip, section = 0.0, ""
+    for line in text.splitlines():
+        if line.startswith(("# decode probes", "# prefill probes", "# frontend probes")):
+            section = line.split()[1]
+        elif line.startswith("# idle HTTP round trip:"):
+            round_trip = float(line.split()[5]) / 1e3
+        elif line.startswith("#  ") and section == "decode":
+            _, _, ran, ctx, step, _ = line.split()
+            decode.append((int(ran), float(ctx), float(step) / 1e3))
+        elif line.startswith("#  ") and section == "prefill":
+            _, prompt, ttft, _ = line.split()
+            prefill.append((int(prompt), float(ttft) / 1e3))
+    return decode, prefill, round_trip
+
+
+def _recorded_bursts(name: str) -> list[tuple[int, int, int, float, float]]:
+    """(streams, burst, prompt, measured s, modelled s) of a preset's frontend probes."""
+    text = (resources.files("router.sim") / "presets" / f"{name}.yaml").read_text()
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("# frontend probes"):
+            inside = True
+        elif inside and line.startswith("#  ") and line.split()[1].isdigit():
+            k, n, p, measured, model = line.split()[1:]
+            rows.append((int(k), int(n), int(p), float(measured) / 1e3, float(model) / 1e3))
+        elif inside and not line.startswith("#  "):
+            inside = False
+    return rows
 
 
 def test_parse_ports() -> None:
@@ -192,6 +245,8 @@ async def test_sim_calibrate_command_writes_a_preset(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--quick",
+            "--max-num-seqs",
+            "48",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ},
@@ -201,6 +256,8 @@ async def test_sim_calibrate_command_writes_a_preset(tmp_path: Path) -> None:
     assert "wrote" in stdout.decode()
     fitted = load_preset(str(out))
     assert fitted.name == "lab"
+    # A limit no probe can see is recorded as given, and the command line says so.
+    assert fitted.engine.max_num_seqs == 48 and "--max-num-seqs 48" in out.read_text()
     assert fitted.timing.c0 == pytest.approx(timing.c0, rel=0.3)
     assert fitted.timing.c_decode == pytest.approx(timing.c_decode, rel=0.3)
 

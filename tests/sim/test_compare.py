@@ -32,6 +32,15 @@ def test_latency_workload_is_seeded_and_within_its_ranges() -> None:
     assert len({tuple(j.prompt[:16]) for j in a}) == len(a)
 
 
+def test_a_new_salt_keeps_the_lengths_and_changes_every_prompt() -> None:
+    a, b = latency_workload(30, seed=2, salt=1), latency_workload(30, seed=2, salt=2)
+    assert [(len(j.prompt), j.max_tokens) for j in a] == [(len(j.prompt), j.max_tokens) for j in b]
+    assert not {tuple(j.prompt[:16]) for j in a} & {tuple(j.prompt[:16]) for j in b}
+    p, q = prefix_workload(seed=3, salt=1), prefix_workload(seed=3, salt=2)
+    assert sorted(len(j.prompt) for j in p) == sorted(len(j.prompt) for j in q)
+    assert not {tuple(j.prompt[:16]) for j in p} & {tuple(j.prompt[:16]) for j in q}
+
+
 def test_prefix_workload_repeats_each_document() -> None:
     jobs = prefix_workload(docs=5, questions=4, seed=1)
     assert len(jobs) == 20
@@ -46,18 +55,34 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([3.0], 0.95) == 3.0
 
 
-def test_samples_across_a_client_pause_are_left_out() -> None:
+def test_samples_timed_across_a_client_pause_are_left_out() -> None:
     # Tokens every 10 ms; the client stalled from 0.2 to 0.5 s, so the token read at 0.5 s (the
     # next ones were ready meanwhile) came late and the three after it arrived as a burst.
     times = [0.01 * i for i in range(1, 21)] + [0.5, 0.5, 0.5, 0.5] + [0.5 + 0.01 * i for i in range(1, 11)]
     stream = TimedStream(0.0, times, 100)
-    pauses = PauseDetector()
+    pauses = PauseDetector(settle=0.005)
     pauses.pauses.append((0.2, 0.5))
     raw, clean = summarize([stream], 0.0), summarize([stream], 0.0, pauses)
     assert raw.dropped == 0.0 and clean.itl_p50 == pytest.approx(0.01)
     # 34 samples (1 TTFT, 33 gaps). Left out: 0.2 → 0.5, the three 0-gaps of the burst and the
     # gap after it (it starts at a late timestamp); the gap ending at 0.2 is clean.
     assert clean.dropped == pytest.approx(5 / 34)
+
+
+def test_a_sample_that_only_contains_a_pause_is_kept() -> None:
+    pauses = PauseDetector(settle=0.01)
+    pauses.pauses.append((0.10, 0.15))
+    # Sent before the pause, first token read long after it: both timestamps are true.
+    assert not pauses.spoils(0.0, 0.40)
+    # The token read just after the pause ended may have waited through it.
+    assert pauses.spoils(0.0, 0.155) and pauses.spoils(0.0, 0.12)
+    # A pause right after the start delayed the request itself.
+    assert pauses.spoils(0.095, 0.40)
+    # Long and short TTFTs on one busy client: only the one read right after a pause goes.
+    streams = [TimedStream(0.0, [0.40], 10), TimedStream(0.13, [0.152], 10), TimedStream(0.30, [0.31], 10)]
+    kept = summarize(streams, 0.0, pauses)
+    assert kept.dropped == pytest.approx(1 / 3)
+    assert kept.ttft_p95 == pytest.approx(0.40)
 
 
 def test_compare_applies_both_tolerances() -> None:

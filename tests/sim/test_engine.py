@@ -6,6 +6,7 @@ from router.errors import Unavailable
 from router.sim.config import EngineConfig
 from router.sim.engine import Engine, StepResult
 from router.sim.request import Status, new_request, planned_output
+from router.sim.timing import StepTimeModel
 
 from .enginehelp import TIMING, engine, prompt, req, run
 
@@ -294,3 +295,27 @@ def test_chunked_prefill_trade_off() -> None:
     assert big_spike > 2 * baseline  # the prompt's prefill lands inside decode steps
     assert small_spike < big_spike
     assert small_ttft > big_ttft
+
+
+def test_prefill_attention_pairs_are_causal_per_chunk() -> None:
+    # Only the attention term: each step costs its chunk's (query, earlier key) pairs.
+    attention_only = StepTimeModel(c0=0.0, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, c_attn=1e-6)
+    config = EngineConfig(max_model_len=4096, max_num_batched_tokens=512, num_gpu_blocks=1024)
+    steps: list[StepResult] = []
+    run(Engine(config, attention_only), [req("long", 2000, 1)], on_step=steps.append)
+    chunks = [(0, 512), (512, 512), (1024, 512), (1536, 464)]
+    assert [s.duration for s in steps] == pytest.approx([1e-6 * (n * c + n * (n + 1) / 2) for c, n in chunks])
+    # Chunking moves the pairs between steps but computes each of them once.
+    assert sum(s.duration for s in steps) == pytest.approx(1e-6 * 2000 * 2001 / 2)
+    assert attention_only.prefill_time(2000) == pytest.approx(1e-6 * 2000 * 2001 / 2)
+
+
+def test_a_prefix_cache_hit_leaves_only_the_new_tokens_pairs() -> None:
+    attention_only = StepTimeModel(c0=0.0, c_prefill=0.0, c_decode=0.0, c_ctx=0.0, c_attn=1e-6)
+    config = EngineConfig(max_model_len=4096, max_num_batched_tokens=4096, num_gpu_blocks=1024)
+    e = Engine(config, attention_only)
+    steps: list[StepResult] = []
+    run(e, [req("a", 1000, 1, tag=3), req("b", 1000, 1, tag=3, t=1.0)], on_step=steps.append)
+    # The second prompt finds 62 full blocks of 16 cached: 8 tokens left, each attending to the
+    # 992 cached ones and to the new ones before it.
+    assert steps[-1].duration == pytest.approx(1e-6 * (8 * 992 + 8 * 9 / 2))

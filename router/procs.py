@@ -1,0 +1,46 @@
+"""Child processes of the bench, lab and example commands (engines, routers, fake backends):
+started with their output where the caller wants it, and always stopped when the block ends —
+SIGTERM first, SIGKILL after a grace period."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def child_process(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    stdout_to_log: bool = False,
+    grace_s: float = 10.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `args` for the duration of the block. Its stderr (and its stdout with
+    `stdout_to_log`) goes to the file `log`, never to a pipe: nobody drains a pipe during a run,
+    and a full one would stall the child. Without `log`, stdout is discarded and stderr shared."""
+    if log is None:
+        proc = subprocess.Popen(list(args), env=env, stdout=subprocess.DEVNULL)
+    else:
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            stdout = out if stdout_to_log else subprocess.DEVNULL
+            err = subprocess.STDOUT if stdout_to_log else out
+            proc = subprocess.Popen(list(args), env=env, stdout=stdout, stderr=err)
+    try:
+        yield proc
+    finally:
+        stop(proc, grace_s)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
