@@ -5,6 +5,7 @@ SIGTERM first, SIGKILL after a grace period."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -44,3 +45,15 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports free at the time of asking (all held open while choosing)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

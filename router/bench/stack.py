@@ -14,7 +14,6 @@ import contextlib
 import copy
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from router.bench.realtime import RealtimeOptions, run_realtime
 from router.bench.virtual import pool_counts
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
-from router.procs import child_process
+from router.procs import child_process, free_ports
 from router.proxy.upstream import UpstreamPool
 
 READY_TIMEOUT_S = 30.0
@@ -54,17 +53,6 @@ class LocalStack:
         return Endpoint(self.url, self.key)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def local_profile(
     data: Mapping[str, Any], key: str, engines: int | None = None, fixed: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
@@ -80,7 +68,7 @@ def local_profile(
     return out
 
 
-async def _wait_ready(url: str, procs: dict[Path, subprocess.Popen[bytes]], timeout: float) -> None:
+async def wait_ready(url: str, procs: dict[Path, subprocess.Popen[bytes]], timeout: float) -> None:
     pool = UpstreamPool(url, connect_timeout=0.5, read_timeout=2.0)
     deadline = time.monotonic() + timeout
     try:
@@ -131,7 +119,7 @@ def local_stack(
             ) as router,
         ):
             url = f"http://127.0.0.1:{port}"
-            asyncio.run(_wait_ready(url, {sim_log: sim, router_log: router}, ready_timeout))
+            asyncio.run(wait_ready(url, {sim_log: sim, router_log: router}, ready_timeout))
             yield LocalStack(url, key, path, cfg, sim.pid, router.pid)
 
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from router.bench.client import new_outcome
 from router.bench.generate import Request, SessionPlan, Trace
 from router.bench.outcome import Outcome
 from router.bench.progress import Bar
@@ -144,7 +145,7 @@ class _Driver:
             return []
         if rec.status != 200 or rec.finish is None:
             for step in rest:
-                out = self._outcome_base(step, now)
+                out = new_outcome(step, now)
                 out.error = ABANDONED
                 self.abandoned.append(out)
             self.bar.update(len(rest))
@@ -152,22 +153,9 @@ class _Driver:
         nxt = rest[0]
         return [self._trace_request(nxt, now + nxt.think_s)]
 
-    def _outcome_base(self, req: Request, arrival: float) -> Outcome:
-        return Outcome(
-            request_id=req.request_id,
-            cls=req.cls,
-            arrival=arrival,
-            stream=req.stream,
-            client_id=req.client_id,
-            prompt_tokens=req.prompt_tokens,
-            max_tokens=req.output_tokens,
-            session=req.session,
-            step=req.step,
-        )
-
     def outcome(self, rec: RequestRecord) -> Outcome:
         req = self.requests[rec.request_id]
-        out = self._outcome_base(req, rec.arrival)
+        out = new_outcome(req, rec.arrival)
         decision = self.router.decisions.get(rec.request_id)
         if decision is not None:
             out.lane, out.routed_class, out.reason = decision.lane, decision.cls, decision.reason

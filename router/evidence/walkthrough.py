@@ -24,14 +24,13 @@ import httpx
 import yaml
 
 from router.auth import hash_key, new_key
-from router.bench.stack import free_ports
 from router.config.load import load_profile
 from router.evidence.build import serving_configuration
 from router.evidence.cli import parse_slo
 from router.evidence.example import BULK, INTERACTIVE, example_profile, example_workload
 from router.evidence.gate import LaneVerdict, lane_verdicts
 from router.evidence.store import EvidenceStore
-from router.procs import child_process
+from router.procs import child_process, free_ports
 
 READY_TIMEOUT_S = 30.0
 PROGRAM = "lane-router"

@@ -22,6 +22,7 @@ import uvicorn
 import yaml
 
 from router.asgi import Message, Receive, Scope, Send
+from router.bench.stack import wait_ready
 from router.proxy.upstream import UpstreamPool
 from router.sim.config import EngineConfig
 from router.sim.engine import Engine
@@ -151,7 +152,7 @@ async def router_process(profile: Mapping[str, Any]) -> AsyncIterator[str]:
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            await _wait_ready(url)
+            await wait_ready(url, {}, 30.0)
             yield url
         finally:
             proc.terminate()
@@ -160,23 +161,6 @@ async def router_process(profile: Mapping[str, Any]) -> AsyncIterator[str]:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-
-
-async def _wait_ready(url: str) -> None:
-    pool = UpstreamPool(url, connect_timeout=0.5)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(Exception):
-                resp = await pool.request(b"GET", b"/ready", [], b"")
-                await resp.read()
-                if resp.status == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router at {url} did not become ready")
-            await asyncio.sleep(0.1)
-    finally:
-        await pool.aclose()
 
 
 @dataclass(frozen=True, slots=True)

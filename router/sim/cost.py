@@ -18,12 +18,13 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
 
 import httpx
+
+from router.procs import free_ports
 
 _BODY = b'{"model":"%s","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true}'
 
@@ -37,17 +38,6 @@ class ServeCost:
     client_cpu_cores: float
     tokens_per_second: float
     pace: float  # modelled engine-busy seconds per wall second, per engine (1.0 = on pace)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -106,7 +96,7 @@ async def _wait_healthy(ports: list[int], timeout: float = 30.0) -> None:
 async def measure_serve(
     engines: int, streams: int, seconds: float, preset: str, max_tokens: int, warmup: float = 3.0
 ) -> ServeCost:
-    ports = _free_ports(engines)
+    ports = free_ports(engines)
     cmd = [
         sys.executable,
         "-m",
