@@ -12,6 +12,7 @@ import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -73,8 +74,8 @@ async def test_client_disconnect_aborts_the_request_on_the_server(
             received += 1
             if received == 5:
                 break
-        busy = await wait_for(server, lambda s: s.total(RUNNING) == 1)
-        assert busy.total(RUNNING) == 1, "the request should be running on the interactive server"
+        # No scrape here: a scrape of a streaming vLLM can stall for seconds on this host, long
+        # enough for the request to run to its end before the client leaves.
     finally:
         await stream.close()
     closed = time.monotonic()
@@ -90,7 +91,8 @@ async def test_client_disconnect_aborts_the_request_on_the_server(
     # many fewer depends on the host: a stall of the server's API loop delays it noticing the
     # closed connection while its engine keeps decoding.)
     assert idle.completed() == before.completed()
-    assert idle.total(GENERATED) - before.total(GENERATED) < LONG
+    made = idle.total(GENERATED) - before.total(GENERATED)
+    assert received <= made < LONG, "the request should have run, and stopped, on the interactive server"
     assert lane_router.metric("lane_router_client_disconnects_total", phase="stream") == 1
 
 
@@ -116,47 +118,92 @@ async def spill_router(real_pools: RealPools) -> AsyncIterator[RealRouter]:
         yield front
 
 
-async def test_backend_at_queue_limit_is_retried_on_the_other(
-    real_pools: RealPools, spill_router: RealRouter
-) -> None:
-    full, spare = real_pools.batch, real_pools.interactive
+@dataclass(frozen=True)
+class SpillAttempt:
+    """What one try at sending requests past a saturated backend saw."""
+
+    conclusive: bool  # the saturating stream was still open when the router's requests returned
+    refused_status: int
+    rejected: float  # the full server's own count of requests refused at its queue limit
+    retries: float
+    upstream_503s: float
+    finished_full: float
+    finished_spare: float
+
+
+async def spill_once(full: VllmServer, spare: VllmServer, router: RealRouter) -> SpillAttempt:
     await wait_idle(full)
+    await wait_idle(spare)
+    # Baselines before the saturating request: a scrape of a streaming vLLM can stall for seconds
+    # on this host, so none is taken while the window of saturation is open.
+    before_full, before_spare = await scrape(full), await scrape(spare)
+    retries = router.metric("lane_router_retries_total", pool="spill")
+    upstream_503s = router.metric(
+        "lane_router_upstream_errors_total", pool="spill", backend=full.url, reason="upstream_503"
+    )
     headers = {"authorization": f"Bearer {POOL_KEYS['batch']}"}
     async with (
         httpx.AsyncClient(timeout=60) as client,
         client.stream("POST", f"{full.url}/v1/completions", json=long_body(), headers=headers) as busy,
     ):
         assert busy.status_code == 200
-        # Keep the line iterator: a dropped one is finalised, which closes the stream, and vLLM
-        # would abort the request that is meant to fill the server.
         events = busy.aiter_lines()
-        await anext(events)
-        assert (await wait_for(full, lambda s: s.total(RUNNING) == 1)).total(RUNNING) == 1
-        refused = await client.post(f"{full.url}/v1/completions", json={**long_body(False), "max_tokens": 4},
-                                    headers=headers)  # fmt: skip
-        assert refused.status_code == 503, "vLLM should refuse past --max-num-queued-reqs"
-        before_full, before_spare = await scrape(full), await scrape(spare)
-        retries = spill_router.metric("lane_router_retries_total", pool="spill")
-        api = spill_router.openai()
-        for _ in range(2):
-            reply = await api.chat.completions.create(
-                model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
-            )
-            assert reply.choices[0].message.content is not None
-        after_spare = await wait_for(spare, lambda s: s.total(FINISHED) - before_spare.total(FINISHED) >= 2)
-        after_full = await scrape(full)
-        rejected = after_full.total(REJECTED, reason="max_num_queued_reqs") - before_full.total(
-            REJECTED, reason="max_num_queued_reqs"
-        )
-        assert rejected >= 1, "the router never tried the saturated backend"
-        assert spill_router.metric("lane_router_retries_total", pool="spill") - retries == rejected
-        assert (
-            spill_router.metric(
-                "lane_router_upstream_errors_total", pool="spill", backend=full.url, reason="upstream_503"
-            )
-            == rejected
-        )
-        assert after_spare.total(FINISHED) - before_spare.total(FINISHED) == 2
-        assert after_full.total(FINISHED) == before_full.total(FINISHED)
-        assert after_full.total(RUNNING) == 1, "the saturating request should still be running"
+        await anext(events)  # the first token: the request holds the server's only sequence
+        reading = asyncio.create_task(drain(events))
+        try:
+            probe = {**long_body(False), "max_tokens": 4}
+            refused = await client.post(f"{full.url}/v1/completions", json=probe, headers=headers)
+            api = router.openai()
+            for _ in range(2):
+                reply = await api.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                assert reply.choices[0].message.content is not None
+            conclusive = not reading.done()
+            await reading
+        finally:
+            reading.cancel()
     await wait_idle(full)
+    after_full = await wait_for(full, lambda s: s.total(FINISHED) > before_full.total(FINISHED))
+    after_spare = await wait_for(spare, lambda s: s.total(FINISHED) - before_spare.total(FINISHED) >= 2)
+    return SpillAttempt(
+        conclusive=conclusive,
+        refused_status=refused.status_code,
+        rejected=after_full.total(REJECTED, reason="max_num_queued_reqs")
+        - before_full.total(REJECTED, reason="max_num_queued_reqs"),
+        retries=router.metric("lane_router_retries_total", pool="spill") - retries,
+        upstream_503s=router.metric(
+            "lane_router_upstream_errors_total", pool="spill", backend=full.url, reason="upstream_503"
+        )
+        - upstream_503s,
+        finished_full=after_full.total(FINISHED) - before_full.total(FINISHED),
+        finished_spare=after_spare.total(FINISHED) - before_spare.total(FINISHED),
+    )
+
+
+async def drain(lines: AsyncIterator[str]) -> None:
+    async for _ in lines:
+        pass
+
+
+async def test_backend_at_queue_limit_is_retried_on_the_other(
+    real_pools: RealPools, spill_router: RealRouter
+) -> None:
+    full, spare = real_pools.batch, real_pools.interactive
+    attempts: list[SpillAttempt] = []
+    # The saturating request lasts ≈5–10 s here; a long host stall can outlast it, leaving the
+    # server free before the router's requests arrive. Such an attempt proves nothing either
+    # way and is repeated.
+    while len(attempts) < 3:
+        attempts.append(await spill_once(full, spare, spill_router))
+        if attempts[-1].conclusive:
+            break
+    seen = attempts[-1]
+    assert seen.conclusive, f"the saturating request ended early in every attempt: {attempts}"
+    assert seen.refused_status == 503, "vLLM should refuse past --max-num-queued-reqs"
+    # The direct probe was refused once; the router's tries at the full server were the others.
+    assert seen.rejected >= 2, f"the router never tried the saturated backend: {seen}"
+    assert seen.retries == seen.rejected - 1
+    assert seen.upstream_503s == seen.rejected - 1
+    assert seen.finished_spare == 2, "both router requests should have been answered by the spare"
+    assert seen.finished_full == 1, "only the saturating request should have run on the full server"
