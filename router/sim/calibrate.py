@@ -2,10 +2,10 @@
 
 Probes, all streamed with `ignore_eos` and token-id prompts so lengths are exact on the server:
 
-* decode: B concurrent streams with short prompts; in steady state every engine step yields one
-  token per stream, so the median gap between tokens is the step time. The batch the server
-  really ran is the most streams that were producing tokens at once (a server whose
-  `max_num_seqs` is below B queues the rest);
+* decode: B concurrent streams with short prompts; while all B decode, every engine step yields
+  one token per stream, so the gap between tokens is the step time of a batch of B
+  (`router.sim.decodewindow`: where that stretch is, and what a server whose `max_num_seqs` is
+  below B gives instead);
 * context: the same with long prompts, which separates the per-context-token cost;
 * prefill: one request at a time with prompts of growing length and 2 output tokens; the time
   to the first token is round trip + frontend + one prefill step, whose attention part grows
@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from router.sim.config import EngineConfig
+from router.sim.decodewindow import decode_point
 from router.sim.fitting import CalibrationError, Measurements, fit, report
 from router.sim.frontendfit import BACKGROUND_PROMPT, BACKGROUND_TOKENS, BurstPoint
 from router.sim.frontendprobe import BurstProber, median_point
@@ -65,7 +66,7 @@ class ProbePlan:
     decode_tokens: int
     short_prompt: int
     long_prompt: int
-    context_batch: int
+    context_batches: tuple[int, ...]
     prefill_prompts: tuple[int, ...]
     repeats: int  # prefill probes per size and round
     rounds: int
@@ -74,7 +75,9 @@ class ProbePlan:
 
     @staticmethod
     def for_server(max_model_len: int, quick: bool) -> ProbePlan:
-        tokens = 24 if quick else 96
+        # Long enough that a stretch remains in which every stream of a probe decodes, after
+        # the server admitted the last of them (router.sim.decodewindow).
+        tokens = 64 if quick else 160
         long_prompt = min(2048, max_model_len // 2) - tokens
         # One prefill step each: stay within a 2,048-token step budget and the context.
         # Four sizes at least: the curve has a quadratic (attention) term besides the line.
@@ -94,7 +97,8 @@ class ProbePlan:
             decode_tokens=tokens,
             short_prompt=32,
             long_prompt=max(64, long_prompt),
-            context_batch=8,
+            # Two batch sizes with long prompts: the context cost is per sequence and token.
+            context_batches=(8,) if quick else (8, 16),
             prefill_prompts=sizes,
             repeats=3 if quick else 2,
             rounds=1 if quick else 3,
@@ -104,8 +108,9 @@ class ProbePlan:
     @property
     def decode_points(self) -> list[tuple[int, int]]:
         """(streams, prompt tokens) of every decode probe: short prompts at each batch size,
-        then one batch of long prompts for the per-context cost."""
-        return [(b, self.short_prompt) for b in self.batches] + [(self.context_batch, self.long_prompt)]
+        then batches of long prompts for the per-context cost."""
+        short = [(b, self.short_prompt) for b in self.batches]
+        return short + [(b, self.long_prompt) for b in self.context_batches]
 
 
 def probe_text(tokens: int, rng: random.Random) -> str:
@@ -116,16 +121,6 @@ def probe_text(tokens: int, rng: random.Random) -> str:
         words.append(rng.choice(_WORDS))
         length += len(words[-1]) + 1
     return " ".join(words)[: tokens * 4]
-
-
-def max_overlap(streams: Sequence[TimedStream]) -> int:
-    """The most streams that were producing tokens at the same moment."""
-    edges = sorted([(s.token_times[0], 1) for s in streams] + [(s.end, -1) for s in streams])
-    most = live = 0
-    for _, delta in edges:  # at equal times an end (-1) sorts before a start
-        live += delta
-        most = max(most, live)
-    return most
 
 
 class Prober:
@@ -153,23 +148,17 @@ class Prober:
     async def decode_point(self, batch: int, prompt: int, tokens: int) -> tuple[int, int, float, float]:
         """One decode probe; run again (at most twice) while pauses of this process spoil most
         of it, since they also hide which streams ran together."""
+        skip = min(4, tokens // 4)
         for _ in range(_ATTEMPTS):
             results = await asyncio.gather(*(self.stream(prompt, tokens) for _ in range(batch)))
-            # Skip each stream's first tokens: the batch is still filling while other prompts
-            # prefill. Then the mean gap per stream, not the median of all gaps: a busy API
-            # server hands tokens over in bursts (near-zero gaps, then a long one), which only
-            # the mean of a stretch turns back into the step time.
-            skip = min(4, tokens // 4)
-            stretches = [(r.token_times[skip], r.end, len(r.token_times) - 1 - skip) for r in results]
-            stretches = [x for x in stretches if x[2] > 0]
-            clean = [x for x in stretches if self.clean(x[0], x[1])]
-            if 2 * len(clean) >= len(stretches):
+            point = decode_point(results, skip, self.clean)
+            if point is not None:
                 break
-        steps = [(end - start) / n for start, end, n in clean or stretches]
-        if not steps:
+        else:
+            point = decode_point(results, skip)  # every run was spoiled: the last one as it is
+        if point is None:
             raise CalibrationError("decode probe too short to measure gaps")
-        ctx = statistics.mean(r.prompt_tokens for r in results) + tokens / 2
-        return batch, max_overlap(results), ctx, statistics.median(steps)
+        return batch, point.ran, point.context, point.step
 
     async def text_ratio(self, sizes: Sequence[int]) -> float:
         """Server prompt tokens per simulator token, over plain-text prompts."""

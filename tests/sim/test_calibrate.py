@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from router.sim.calibrate import calibrate_to_file, max_overlap
+from router.sim.calibrate import calibrate_to_file
 from router.sim.config import EngineConfig
 from router.sim.fitting import (
     CalibrationError,
@@ -15,7 +15,6 @@ from router.sim.fitting import (
 )
 from router.sim.serve import EngineSpec, SimCluster
 from router.sim.server import ServerSettings
-from router.sim.streamclient import TimedStream
 from router.sim.timing import StepTimeModel, load_preset
 
 TRUE = StepTimeModel(c0=0.015, c_prefill=4e-5, c_decode=0.002, c_ctx=2e-6, frontend_s=0.006, c_attn=3e-8)
@@ -45,15 +44,6 @@ def test_fit_uses_the_batch_the_server_ran_not_the_streams_sent() -> None:
         m.decode.append((sent, ran, ctx, TRUE.step_time(0, ran, ran * ctx)))
     m.prefill += [(p, TRUE.prefill_time(p)) for p in (16, 512, 1024)]
     assert fit(m).c_decode == pytest.approx(TRUE.c_decode, rel=0.05)
-
-
-def test_max_overlap_counts_streams_producing_at_once() -> None:
-    def s(first: float, last: float) -> TimedStream:
-        return TimedStream(0.0, [first, last], 8)
-
-    assert max_overlap([s(0, 10), s(1, 9), s(2, 8)]) == 3
-    # The second wave starts when the first ends: a server running two at a time.
-    assert max_overlap([s(0, 5), s(0, 5), s(5, 9), s(5, 9)]) == 2
 
 
 def test_fit_refuses_too_few_points() -> None:
