@@ -159,53 +159,76 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
     is_sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+    seen = _ChunkLog(ex, is_sse)
     if ex.lane.config.decouple:
-        await _relay_decoupled(runtime, ex, response, send, is_sse, 0.0)
+        await _relay_decoupled(runtime, response, send, seen)
         return
-    await _relay_direct(runtime, ex, response, send, is_sse)
+    await _relay_direct(runtime, response, send, seen)
 
 
-async def _relay_direct(
-    runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send, is_sse: bool
-) -> None:
-    gate = ex.lane.pool.gate
-    ticket = ex.ticket
-    observe_gap = ex.observe_gap
-    tail = ex.usage_tail
-    monotonic = time.monotonic
+_monotonic = time.monotonic
+
+
+class _ChunkLog:
+    """What the router takes from each upstream chunk, however it is relayed: the first byte
+    ends the request's prefill at the gate, later ones time a stream's token gaps, and the tail
+    keeps the usage report."""
+
+    __slots__ = ("_gate", "_observe_gap", "_tail", "_ticket", "ex", "is_sse", "last")
+
+    def __init__(self, ex: Exchange, is_sse: bool) -> None:
+        self.ex = ex
+        self.is_sse = is_sse
+        self.last = 0.0
+        self._gate = ex.lane.pool.gate
+        self._ticket = ex.ticket
+        self._observe_gap = ex.observe_gap
+        self._tail = ex.usage_tail
+
+    def record(self, chunk: bytes) -> float:
+        """Record `chunk`'s arrival; return the time it was seen."""
+        now = _monotonic()
+        ex = self.ex
+        if ex.first_byte_at is None:
+            ex.first_byte_at = now
+            self._gate.end_prefill(self._ticket)
+        elif self.is_sse:
+            self._observe_gap(now - self.last)
+        self.last = now
+        if self._tail is not None:
+            _keep_tail(self._tail, chunk)
+        return now
+
+    def backend_done(self) -> None:
+        """The backend is done with this request: its slot is free now, not when the client is."""
+        self._gate.end_attempt(self._ticket)
+
+
+async def _relay_direct(runtime: Runtime, response: UpstreamResponse, send: Send, seen: _ChunkLog) -> None:
     # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
     # socket makes the next sample due at once.
-    next_check = monotonic() + LAG_CHECK_S
-    last = 0.0
+    next_check = time.monotonic() + LAG_CHECK_S
     more = True
+    record = seen.record
     try:
         async for chunk in response:
-            now = monotonic()
-            if ex.first_byte_at is None:
-                ex.first_byte_at = now
-                gate.end_prefill(ticket)
-            else:
-                if is_sse:
-                    observe_gap(now - last)
-                if now >= next_check:
-                    next_check = now + LAG_CHECK_S
-                    if _lagging(runtime, response, send):
-                        _mark_slow(runtime, ex)
-                        await _relay_decoupled(runtime, ex, response, send, is_sse, now, chunk)
-                        return
-            last = now
-            if tail is not None:
-                _keep_tail(tail, chunk)
+            now = record(chunk)
+            if now >= next_check:
+                next_check = now + LAG_CHECK_S
+                if _lagging(runtime, response, send):
+                    _mark_slow(runtime, seen.ex)
+                    await _relay_decoupled(runtime, response, send, seen, chunk)
+                    return
             more = not response.at_end
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
     except UpstreamError as err:
-        await _end_with_error(err, is_sse, send)
+        await _end_with_error(err, seen.is_sse, send)
         return
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    elif is_sse and _lagging(runtime, response, send):
+    elif seen.is_sse and _lagging(runtime, response, send):
         # The whole answer fit in the socket buffers, but the client is far behind it.
-        _mark_slow(runtime, ex)
+        _mark_slow(runtime, seen.ex)
 
 
 def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send) -> bool:
@@ -235,29 +258,21 @@ def _mark_slow(runtime: Runtime, ex: Exchange) -> None:
 
 
 async def _relay_decoupled(
-    runtime: Runtime,
-    ex: Exchange,
-    response: UpstreamResponse,
-    send: Send,
-    is_sse: bool,
-    last: float,
-    pending: bytes = b"",
+    runtime: Runtime, response: UpstreamResponse, send: Send, seen: _ChunkLog, pending: bytes = b""
 ) -> None:
     """Feed the client from a buffer that a producer task fills from upstream at the backend's
     pace; the producer waits only when the buffer caps are reached. `pending` is a chunk already
-    taken from upstream and not yet sent."""
+    seen and not yet sent."""
     buffer = StreamBuffer(runtime.buffers, runtime.config.slow_clients.max_stream_buffer_bytes)
     if pending:
-        if ex.usage_tail is not None:
-            _keep_tail(ex.usage_tail, pending)
         await buffer.put(pending)
-    producer = asyncio.ensure_future(_pump(ex, response, buffer, is_sse, last))
+    producer = asyncio.ensure_future(_pump(response, buffer, seen))
     try:
         while (data := await buffer.get()) is not None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         error = buffer.error
         if isinstance(error, UpstreamError):
-            await _end_with_error(error, is_sse, send)
+            await _end_with_error(error, seen.is_sse, send)
             return
         if error is not None:
             raise error
@@ -268,25 +283,11 @@ async def _relay_decoupled(
         buffer.release()
 
 
-async def _pump(
-    ex: Exchange, response: UpstreamResponse, buffer: StreamBuffer, is_sse: bool, last: float
-) -> None:
-    gate = ex.lane.pool.gate
-    ticket = ex.ticket
-    observe_gap = ex.observe_gap
-    tail = ex.usage_tail
-    monotonic = time.monotonic
+async def _pump(response: UpstreamResponse, buffer: StreamBuffer, seen: _ChunkLog) -> None:
+    record = seen.record
     try:
         async for chunk in response:
-            now = monotonic()
-            if ex.first_byte_at is None:
-                ex.first_byte_at = now
-                gate.end_prefill(ticket)
-            elif is_sse:
-                observe_gap(now - last)
-            last = now
-            if tail is not None:
-                _keep_tail(tail, chunk)
+            record(chunk)
             await buffer.put(chunk)
     except UpstreamError as err:
         buffer.end(err)
@@ -294,8 +295,7 @@ async def _pump(
     except BaseException as err:
         buffer.end(err)
         raise
-    # The backend is done with this request: free its slot now, not when the client is.
-    gate.end_attempt(ticket)
+    seen.backend_done()
     buffer.end()
 
 
