@@ -43,7 +43,7 @@ from router.deploy.plan import (
     router_secret_envs,
     state_notes,
 )
-from router.deploy.render_state import REDIS, REDIS_POLICY, redis_k8s, redis_url
+from router.deploy.render_state import REDIS, REDIS_POLICY, ingress_only_from, redis_k8s, redis_url
 from router.deploy.yamltext import dump
 
 ROUTER = "lane-router"
@@ -365,21 +365,8 @@ def _pool_resources(p: PoolPlan, cpu: bool) -> dict[str, Any]:
 
 
 def _network_policy() -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(NETWORK_POLICY, {"app.kubernetes.io/name": "vllm"}),
-        "spec": {
-            "podSelector": {"matchLabels": POOLS_SELECTOR},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": ROUTER_SELECTOR}}],
-                    "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
-                }
-            ],
-        },
-    }
+    metadata = _meta(NETWORK_POLICY, {"app.kubernetes.io/name": "vllm"})
+    return ingress_only_from(metadata, POOLS_SELECTOR, ROUTER_SELECTOR, VLLM_PORT)
 
 
 def _notes(cfg: ProfileConfig, plans: tuple[PoolPlan, ...], opts: K8sOptions) -> list[str]:

@@ -107,17 +107,24 @@ def _service(meta: Meta) -> dict[str, Any]:
 
 
 def _policy(meta: Meta, router_selector: dict[str, str]) -> dict[str, Any]:
+    return ingress_only_from(meta(REDIS_POLICY, REDIS_SELECTOR), REDIS_SELECTOR, router_selector, REDIS_PORT)
+
+
+def ingress_only_from(
+    metadata: dict[str, Any], pods: dict[str, str], clients: dict[str, str], port: int
+) -> dict[str, Any]:
+    """A NetworkPolicy letting only the `clients` pods reach the `pods` pods, on `port`."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": meta(REDIS_POLICY, REDIS_SELECTOR),
+        "metadata": metadata,
         "spec": {
-            "podSelector": {"matchLabels": REDIS_SELECTOR},
+            "podSelector": {"matchLabels": pods},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [{"podSelector": {"matchLabels": router_selector}}],
-                    "ports": [{"protocol": "TCP", "port": REDIS_PORT}],
+                    "from": [{"podSelector": {"matchLabels": clients}}],
+                    "ports": [{"protocol": "TCP", "port": port}],
                 }
             ],
         },

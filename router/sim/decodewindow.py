@@ -32,6 +32,12 @@ class Stretch:
     end: float
     gaps: int
     made_before: int  # output tokens the stream had made at `start`
+    prompt_tokens: int
+
+    @property
+    def context(self) -> float:
+        """Tokens the stream attended to, on average over the stretch."""
+        return self.prompt_tokens + self.made_before + self.gaps / 2
 
     @property
     def step(self) -> float:
@@ -66,7 +72,8 @@ def common_stretches(streams: Sequence[TimedStream], min_gaps: int = MIN_GAPS) -
         last = bisect.bisect_right(s.token_times, hi) - 1
         if last - first < min_gaps:
             return None
-        stretches.append(Stretch(s.token_times[first], s.token_times[last], last - first, first))
+        times = s.token_times
+        stretches.append(Stretch(times[first], times[last], last - first, first, s.prompt_tokens))
     return stretches
 
 
@@ -74,7 +81,7 @@ def lifetime_stretches(streams: Sequence[TimedStream], skip: int) -> list[Stretc
     """Each stream from its `skip`-th token to its end (its first steps overlap other prompts'
     prefill)."""
     return [
-        Stretch(s.token_times[skip], s.end, len(s.token_times) - 1 - skip, skip)
+        Stretch(s.token_times[skip], s.end, len(s.token_times) - 1 - skip, skip, s.prompt_tokens)
         for s in streams
         if len(s.token_times) - 1 - skip > 0
     ]
@@ -95,7 +102,5 @@ def decode_point(
         return None
     # The mean gap per stream, not the median of all gaps: a busy API server hands tokens over
     # in bursts (near-zero gaps, then a long one), which only the mean of a stretch undoes.
-    context = statistics.mean(
-        s.prompt_tokens + x.made_before + x.gaps / 2 for s, x in zip(streams, stretches, strict=False)
-    )
+    context = statistics.mean(x.context for x in stretches)
     return DecodePoint(ran, context, statistics.median(x.step for x in kept))
