@@ -105,21 +105,23 @@ def choose_backend(
 
 
 def outside_lane_shape(
-    lane: str, cfg: LaneConfig, prompt_tokens: int, max_tokens: int | None
+    lane: str, cfg: LaneConfig, prompt_tokens: int, output_tokens: int | None
 ) -> BadRequest | None:
     """A lane's `max_prompt_tokens` / `max_output_tokens` are the request shape its pool was
     sized and measured for (its capacity-evidence target); a request beyond them is refused up
-    front rather than sent to a pool that never showed it can serve it. A request that sets no
-    `max_tokens` is not judged on output."""
+    front rather than sent to a pool that never showed it can serve it. `output_tokens` is all
+    the output the request states (its bound times its sequences); a request that states none
+    gets a bound within the lane's written into it (router.rewrite)."""
     if cfg.max_prompt_tokens is not None and prompt_tokens > cfg.max_prompt_tokens:
         return BadRequest(
             f"the prompt (about {prompt_tokens} tokens) is longer than lane {lane!r} accepts "
             f"({cfg.max_prompt_tokens} tokens)",
             code="context_length_exceeded",
         )
-    if cfg.max_output_tokens is not None and max_tokens is not None and max_tokens > cfg.max_output_tokens:
+    cap = cfg.max_output_tokens
+    if cap is not None and output_tokens is not None and output_tokens > cap:
         return BadRequest(
-            f"max_tokens {max_tokens} is more than lane {lane!r} accepts ({cfg.max_output_tokens})",
+            f"the request asks for {output_tokens} output tokens; lane {lane!r} accepts {cap}",
             code="max_tokens_exceeded",
         )
     return None

@@ -85,9 +85,6 @@ ROUTES: dict[bytes, dict[str, Handler]] = {
 }
 
 
-_INTERNAL = {"error": {"message": "internal router error", "type": "server_error", "code": "internal_error"}}
-
-
 class LaneRouterApp:
     def __init__(self, state: RouterState, lifespan: Callable[[], Any] | None = None) -> None:
         self.state = state
@@ -102,7 +99,9 @@ class LaneRouterApp:
 
     async def _http(self, scope: Message, receive: Receive, send: Send) -> None:
         # Every RouterError is raised before a response starts: failures after the first byte
-        # are answered in-stream by the relay, or end as ResponseAborted.
+        # are answered in-stream by the relay, or end as ResponseAborted. Any other exception is
+        # the server's to report: logged once, a 500 if nothing was sent yet, else the
+        # connection is dropped (router/httpserver/dispatch.py).
         try:
             methods = ROUTES.get(scope.get("raw_path") or scope["path"].encode())
             if methods is None:
@@ -126,12 +125,6 @@ class LaneRouterApp:
                 err,
             )
             raise
-        except Exception as exc:
-            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            try:
-                await send_json(send, 500, _INTERNAL)
-            except RuntimeError:
-                raise exc from None
 
     def _count(self, err: RouterError) -> None:
         m = self.state.metrics

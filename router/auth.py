@@ -7,10 +7,11 @@ import hmac
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from router.config.models import KeyConfig, RequestClass
+from router.config.models import FieldRules, KeyConfig, RequestClass
 from router.errors import Forbidden, Unauthorized
+from router.requestfields import FieldPolicy
 
 
 def hash_key(key: str) -> str:
@@ -34,6 +35,8 @@ class ApiKey:
     rpm: int | None
     tpm: int | None
     max_concurrency: int | None
+    fields: FieldPolicy = field(default_factory=FieldPolicy)
+    cache_salt: str | None = None  # set on every request when the profile isolates prefix caches
 
     def allow_class(self, cls: RequestClass) -> None:
         if self.classes is not None and cls not in self.classes:
@@ -54,10 +57,23 @@ class ApiKey:
             )
 
 
+def cache_salt(cfg: KeyConfig) -> str:
+    """vLLM's `cache_salt` for a key: one per key, or one per `cache_group` so that a group of
+    keys shares its prefix cache. Clients never choose it (the router replaces theirs), so it
+    need not be secret; it must only differ between isolated scopes."""
+    scope = f"group\0{cfg.cache_group}" if cfg.cache_group else f"key\0{cfg.name}"
+    return hashlib.sha256(b"lane-router cache salt\0" + scope.encode()).hexdigest()
+
+
 def build_keys(
-    configs: tuple[KeyConfig, ...], environ: Mapping[str, str] | None = None
+    configs: tuple[KeyConfig, ...],
+    environ: Mapping[str, str] | None = None,
+    *,
+    rules: FieldRules | None = None,
+    isolate_caches: bool = False,
 ) -> tuple[ApiKey, ...]:
     env = os.environ if environ is None else environ
+    rules = rules or FieldRules()
     keys = []
     for cfg in configs:
         raw = cfg.sha256 if cfg.sha256 is not None else env.get(cfg.sha256_env or "", "")
@@ -77,9 +93,17 @@ def build_keys(
                 rpm=cfg.rpm,
                 tpm=cfg.tpm,
                 max_concurrency=cfg.max_concurrency,
+                fields=_field_policy(rules, cfg.request_fields),
+                cache_salt=cache_salt(cfg) if isolate_caches else None,
             )
         )
     return tuple(keys)
+
+
+def _field_policy(profile: FieldRules, key: FieldRules | None) -> FieldPolicy:
+    if key is None:
+        return FieldPolicy.merged(profile.allow, profile.limits)
+    return FieldPolicy.merged(profile.allow, profile.limits, key.allow, key.limits)
 
 
 class KeyRing:

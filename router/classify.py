@@ -58,7 +58,7 @@ def classify(facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyCo
         return Classification(RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT)
     if signals.prefix_seen >= cfg.repeated_prefix.seen:
         return Classification(RequestClass.RAG, Reason.REPEATED_PREFIX)
-    if not facts.stream and (facts.max_tokens or 0) >= cfg.batch_min_output_tokens:
+    if not facts.stream and (facts.output_tokens or 0) >= cfg.batch_min_output_tokens:
         return Classification(RequestClass.BATCH, Reason.LARGE_GENERATION)
     if facts.stream and signals.slow_client:
         return Classification(RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from router.auth import hash_key, new_key
 from router.config.load import ConfigError, load_profile
 from router.config.models import ProfileConfig
 from router.config.vllm import server_configuration_hash
+from router.evidence.records import EvidenceError
+from router.keyhygiene import is_loopback, key_issues, refusal, warning
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +45,9 @@ def register(subparsers: Any) -> None:
         "check",
         help="validate a profile and print its lanes, pools and configuration hashes",
         description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path. "
-        "With --evidence, the worst lane's decision sets the exit status: 0 PASS, 1 CONDITIONAL, 3 DEFER.",
+        "With --evidence, the worst lane's decision sets the exit status: 0 PASS, 1 CONDITIONAL, 3 DEFER; "
+        "evidence that cannot be used (a missing store, an unreadable, tampered or inconsistent record) "
+        "is exit 2.",
     )
     check.add_argument("file", type=Path)
     check.add_argument(
@@ -83,6 +88,12 @@ class _Gate:
 
 
 def _evidence_gate(cfg: ProfileConfig, args: argparse.Namespace, directory: Path) -> _Gate:
+    """The lanes' decisions on the records in `directory`.
+
+    Raises `EvidenceError` when the evidence cannot be used (no store, an unreadable, tampered or
+    inconsistent record) and `ValueError` for a bad `--slo`: both refuse with exit 2, never with a
+    decision's exit status.
+    """
     from router.evidence.cli import EXIT_CODES, parse_slo
     from router.evidence.gate import admitted, lane_verdicts, verdict_table
 
@@ -115,7 +126,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        serve(settings)
+        cfg = load_profile(settings.config) if settings.config is not None else None
+        if cfg is not None and _refuse_guessable_keys(cfg, settings.host):
+            return 2
+        serve(settings, cfg)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
@@ -125,13 +139,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_guessable_keys(cfg: ProfileConfig, host: str) -> bool:
+    """Whether a key anyone can use forbids listening on `host`; on loopback it is only a warning.
+    `sha256_env` keys are checked on the environment `serve` builds them from."""
+    issues = key_issues(cfg.keys, os.environ)
+    if not issues:
+        return False
+    if is_loopback(host):
+        logging.getLogger("lane_router.keys").warning(warning(issues))
+        return False
+    refused = f"to listen on {host!r}, beyond loopback (bind 127.0.0.1 for a local trial)"
+    print(refusal("lane-router serve", refused, issues), file=sys.stderr)
+    return True
+
+
 def _refuse_without_evidence(config: Path | None, args: argparse.Namespace) -> int | None:
     if config is None:
         print("lane-router serve: --require-evidence needs a profile file (--config)", file=sys.stderr)
         return 2
     try:
         gate = _evidence_gate(load_profile(config), args, args.require_evidence)
-    except (ConfigError, ValueError, OSError) as err:
+    except (ConfigError, EvidenceError, ValueError, OSError) as err:
         print(f"lane-router serve: {err}", file=sys.stderr)
         return 2
     if gate.admitted:
@@ -157,7 +185,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 0
     try:
         gate = _evidence_gate(cfg, args, args.evidence)
-    except (ValueError, OSError) as err:
+    except (EvidenceError, ValueError, OSError) as err:
         print(f"lane-router check: {err}", file=sys.stderr)
         return 2
     print("\nevidence:\n" + gate.table)

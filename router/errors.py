@@ -15,10 +15,16 @@ nowhere else (`envelope()` and `RouterError.status`).
     │   └── RateLimited           429     per-key requests/tokens/concurrency limit
     ├── Unavailable               503     no healthy backend, lane queue full or deadline passed
     └── UpstreamError             502     the backend failed
-        ├── UpstreamConnectError  502     refused / connect timeout (retryable before first byte)
-        ├── UpstreamTimeout       504     no response byte within the read timeout
-        ├── UpstreamProtocolError 502     the backend spoke broken HTTP
-        └── UpstreamClosed        502     the backend closed the connection mid-response
+        ├── UpstreamConnectError  502     refused / connect timeout / pool exhausted: the backend
+        │                                 never saw the request, so another may be tried
+        ├── UpstreamTimeout       504     no response head in time, or the body fell silent
+        ├── UpstreamProtocolError 502     broken HTTP, or a response head over the size limits
+        ├── UpstreamClosed        502     the backend closed the connection after the request went
+        │                                 out (before or during its response): never retried
+        └── UpstreamAuthFailed    502     the backend refused the pool's upstream key (its 401/403)
+
+Messages of upstream errors reach clients: they name a backend by its pool and its index there
+(`router.runtime.backend_label`), never by its address.
 """
 
 from __future__ import annotations
@@ -133,6 +139,10 @@ class UpstreamProtocolError(UpstreamError):
 
 class UpstreamClosed(UpstreamError):
     code = "upstream_closed"
+
+
+class UpstreamAuthFailed(UpstreamError):
+    code = "upstream_auth_failed"
 
 
 def error_event(err: RouterError) -> bytes:

@@ -1,27 +1,40 @@
 """One pass over a request body into the frozen `RequestFacts` every later step reads.
 
-Bad input raises `BadRequest` here, before anything is forwarded. The body bytes themselves are
-forwarded unchanged; parsing never re-encodes what the client sent.
+Bad input raises `BadRequest` here, before anything is forwarded. What the backend receives is
+re-encoded from the parsed body (router.rewrite), so the router's view of the model, the stream
+flag and the output bound is exactly what vLLM reads: a body the two could read differently
+(duplicate keys, a field one side ignores) cannot pass one judgement and be served by another.
+
+The output bound follows the field vLLM 0.32 honours on each route: on chat,
+`max_completion_tokens` when set, else `max_tokens`; on completions, `max_tokens` only (its
+request has no `max_completion_tokens`). `n` (and `best_of`, which older vLLM honours) and each
+prompt of a completions batch multiply it: `sequences` is how many outputs one request makes.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from router.errors import BadRequest
-from router.tokens import CHARS_PER_TOKEN, TokenCounter, message_text
+from router.requestfields import Endpoint
+from router.tokens import CHARS_PER_TOKEN, Media, PromptCounter, message_text
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+__all__ = ["PREFIX_BLOCK_CHARS", "Endpoint", "RequestFacts", "parse_facts", "prefix_chain"]
 
 # Prefix fingerprints are chained over fixed-size character blocks (≈64 tokens each) and stop
 # after PREFIX_MAX_BLOCKS, so hashing cost per request is bounded whatever the prompt length.
 PREFIX_BLOCK_CHARS = 64 * CHARS_PER_TOKEN
 PREFIX_MAX_BLOCKS = 128
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal", "thinking": "thinking"}
+_IMAGE_PARTS = frozenset({"image_url", "input_image", "image_pil"})
+_AUDIO_PARTS = frozenset({"input_audio", "audio_url"})
+_VIDEO_PARTS = frozenset({"video_url"})
+_OTHER_FIELDS = ("name", "tool_call_id", "reasoning", "reasoning_content")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +42,20 @@ class RequestFacts:
     endpoint: Endpoint
     model: str
     stream: bool
-    max_tokens: int | None
+    max_tokens: int | None  # per output sequence, as the client stated it
+    sequences: int  # outputs the request makes: n (or best_of) × prompts
     has_tools: bool
     roles: tuple[str, ...]
     prompt_tokens: int
     prefix_chain: tuple[bytes, ...]
     user: str | None
     include_usage: bool
+    body: dict[str, Any]
+
+    @property
+    def output_tokens(self) -> int | None:
+        """The output the client asked for in all, or None when it stated no bound."""
+        return None if self.max_tokens is None else self.max_tokens * self.sequences
 
     def prefix_fingerprint(self, min_tokens: int) -> bytes | None:
         """The fingerprint of the leading `min_tokens` tokens (rounded down to whole blocks of
@@ -46,40 +66,53 @@ class RequestFacts:
         return self.prefix_chain[min(blocks, len(self.prefix_chain)) - 1]
 
 
-def parse_facts(endpoint: Endpoint, body: bytes, counter: TokenCounter) -> RequestFacts:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
+def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> RequestFacts:
+    data = _load(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
     stream = _opt_bool(data, "stream")
-    max_tokens = _max_tokens(data)
     if endpoint == "chat":
-        text, roles, tool_messages = _chat_prompt(data)
-        prompt_tokens = sum(counter.count(message_text(m)) for m in data["messages"])
+        text, roles, tool_messages, prompt_tokens = _chat_prompt(data, counter)
+        prompts = 1
     else:
         key = "prompt" if endpoint == "completions" else "input"
-        text, prompt_tokens = _plain_prompt(data, key, counter)
+        text, prompt_tokens, prompts = _plain_prompt(data, key, counter)
         roles, tool_messages = (), False
+        if endpoint == "completions" and isinstance(data.get("suffix"), str):
+            prompt_tokens += counter.text(data["suffix"])
     tools = data.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise BadRequest("'tools' must be an array", code="invalid_tools")
+    if tools:
+        prompt_tokens += counter.tools(orjson.dumps(tools).decode())
+    documents = data.get("documents")
+    if documents is not None:
+        prompt_tokens += counter.text(orjson.dumps(documents).decode())
     return RequestFacts(
         endpoint=endpoint,
         model=model,
         stream=stream,
-        max_tokens=max_tokens,
+        max_tokens=_max_tokens(data, endpoint),
+        sequences=prompts * _samples(data, endpoint) if endpoint != "embeddings" else prompts,
         has_tools=bool(tools) or tool_messages,
         roles=roles,
         prompt_tokens=prompt_tokens,
         prefix_chain=prefix_chain(text),
         user=_opt_str(data, "user"),
         include_usage=_include_usage(data),
+        body=data,
     )
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return data
 
 
 def prefix_chain(text: str) -> tuple[bytes, ...]:
@@ -94,53 +127,95 @@ def prefix_chain(text: str) -> tuple[bytes, ...]:
     return tuple(chain)
 
 
-def _chat_prompt(data: dict[str, Any]) -> tuple[str, tuple[str, ...], bool]:
+def _chat_prompt(data: dict[str, Any], counter: PromptCounter) -> tuple[str, tuple[str, ...], bool, int]:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", code="invalid_messages")
     parts: list[str] = []
     roles: list[str] = []
     tool_messages = False
+    tokens = counter.request()
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadRequest(f"messages[{i}] must be an object", code="invalid_messages")
         role = msg.get("role")
         if role not in _ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {sorted(_ROLES)}", code="invalid_messages")
+        calls = msg.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise BadRequest(f"messages[{i}].tool_calls must be an array", code="invalid_messages")
         roles.append(role)
-        tool_messages = tool_messages or role in ("tool", "function") or bool(msg.get("tool_calls"))
+        tool_messages = tool_messages or role in ("tool", "function") or bool(calls)
+        content, other, media = _content(msg.get("content"), i)
+        tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
         parts.append(role)
-        parts.append(_content_text(msg.get("content"), i))
-    return "\n".join(parts), tuple(roles), tool_messages
+        parts.append(content)
+    return "\n".join(parts), tuple(roles), tool_messages, tokens
 
 
-def _content_text(content: Any, i: int) -> str:
+def _content(content: Any, i: int) -> tuple[str, str, Media]:
+    """The message's text (for fingerprints), its non-content text parts, and its media."""
     if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise BadRequest(f"messages[{i}].content parts must be objects", code="invalid_messages")
-            text = part.get("text")
-            if isinstance(text, str):
-                texts.append(text)
-        return "\n".join(texts)
-    raise BadRequest(f"messages[{i}].content must be a string or an array", code="invalid_messages")
+        return content or "", "", Media()
+    if not isinstance(content, list):
+        raise BadRequest(f"messages[{i}].content must be a string or an array", code="invalid_messages")
+    texts: list[str] = []
+    other: list[str] = []
+    images = audio = video = 0
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages[{i}].content[{j}]"
+        if kind in _TEXT_PARTS:
+            value = part.get(_TEXT_PARTS[kind])
+            if not isinstance(value, str):
+                raise BadRequest(f"{where}.{_TEXT_PARTS[kind]} must be a string", code="invalid_messages")
+            (texts if kind in ("text", "input_text") else other).append(value)
+        elif kind in _IMAGE_PARTS:
+            images += 1
+        elif kind in _AUDIO_PARTS:
+            audio += 1
+        elif kind in _VIDEO_PARTS:
+            video += 1
+        else:
+            raise BadRequest(f"{where}: content part type {kind!r} is not supported", code="invalid_messages")
+    return "\n".join(texts), "".join(other), Media(images, audio, video)
 
 
-def _plain_prompt(data: dict[str, Any], key: str, counter: TokenCounter) -> tuple[str, int]:
+def _other_text(msg: dict[str, Any], parts: str) -> str:
+    extra = [parts] if parts else []
+    for name in _OTHER_FIELDS:
+        value = msg.get(name)
+        if isinstance(value, str):
+            extra.append(value)
+    for call in msg.get("tool_calls") or ():
+        if isinstance(call, dict) and isinstance(call.get("id"), str):
+            extra.append(call["id"])
+    return "".join(extra)
+
+
+def _plain_prompt(data: dict[str, Any], key: str, counter: PromptCounter) -> tuple[str, int, int]:
+    """Text (for fingerprints), prompt tokens and the number of prompts of a completions or
+    embeddings input."""
     value = data.get(key)
+    overhead = counter.request()
     if isinstance(value, str):
-        return value, counter.count(value)
+        return value, overhead + counter.text(value), 1
     if isinstance(value, list) and value:
         if all(isinstance(v, str) for v in value):
-            return "\n".join(value), sum(counter.count(v) for v in value)
-        if all(isinstance(v, int) for v in value):
-            return ",".join(map(str, value)), len(value)
-        if all(isinstance(v, list) and all(isinstance(t, int) for t in v) for v in value):
-            return "", sum(len(v) for v in value)
+            return "\n".join(value), sum(overhead + counter.text(v) for v in value), len(value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return ",".join(map(str, value)), len(value), 1
+        if all(_token_ids(v) for v in value):
+            return "", sum(len(v) for v in value), len(value)
     raise BadRequest(f"'{key}' must be a string, an array of strings or of token ids", code=f"invalid_{key}")
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _opt_bool(data: dict[str, Any], name: str) -> bool:
@@ -159,16 +234,29 @@ def _opt_str(data: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def _max_tokens(data: dict[str, Any]) -> int | None:
-    found = None
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = data.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadRequest(f"'{name}' must be a positive integer", code=f"invalid_{name}")
-        found = value  # max_completion_tokens, the newer name, wins when both are sent
-    return found
+def _positive(data: dict[str, Any], name: str) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"'{name}' must be a positive integer", code=f"invalid_{name}")
+    return value
+
+
+def _max_tokens(data: dict[str, Any], endpoint: Endpoint) -> int | None:
+    if endpoint == "embeddings":
+        return None
+    stated = _positive(data, "max_tokens")
+    if endpoint == "chat":
+        newer = _positive(data, "max_completion_tokens")
+        return newer if newer is not None else stated
+    return stated
+
+
+def _samples(data: dict[str, Any], endpoint: Endpoint) -> int:
+    n = _positive(data, "n") or 1
+    best_of = _positive(data, "best_of") if endpoint == "completions" else None
+    return max(n, best_of or 1)
 
 
 def _include_usage(data: dict[str, Any]) -> bool:

@@ -2,7 +2,9 @@
 re-admit a recovered backend, and a drift check of live servers against their pool's declared
 configuration (`/version`, `/v1/models` → `max_model_len`).
 
-The state transitions are plain functions over a `Backend`; `HealthChecker` is the I/O edge."""
+The state transitions are plain functions over a `Backend`; `HealthChecker` is the I/O edge. Its
+GETs are bounded in time and bytes (`router.probes`): a backend answering too much or too slowly
+fails the probe."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 
 from router.config.models import HealthConfig
 from router.metrics import Metrics
+from router.probes import HEALTH_BYTES, INFO_BYTES, get_capped
 from router.runtime import Backend, Health, Pool, Runtime
 
 log = logging.getLogger("lane_router.health")
@@ -110,11 +114,10 @@ class HealthChecker:
 
     async def _probe(self, runtime: Runtime, pool: Pool, backend: Backend, check_drift: bool) -> None:
         cfg = runtime.config.health
-        try:
-            resp = await self._client.get(backend.name + "/health", timeout=cfg.timeout_s)
-            ok = resp.status_code == 200
-        except httpx.HTTPError:
-            ok = False
+        answer = await get_capped(
+            self._client, backend.name + "/health", cap=HEALTH_BYTES, timeout=cfg.timeout_s
+        )
+        ok = answer is not None and answer.status == 200
         apply_probe(backend, ok, cfg, self._metrics)
         if ok and check_drift:
             await self._check_drift(pool, backend, cfg.timeout_s)
@@ -128,8 +131,10 @@ class HealthChecker:
         self._metrics.backend_drift.labels(pool.name, backend.name).set(1 if backend.drift else 0)
 
     async def _get_json(self, url: str, headers: dict[str, str], timeout: float) -> Any:
+        answer = await get_capped(self._client, url, cap=INFO_BYTES, timeout=timeout, headers=headers)
+        if answer is None or answer.status != 200:
+            return None
         try:
-            resp = await self._client.get(url, headers=headers, timeout=timeout)
-            return resp.json() if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            return orjson.loads(answer.body)
+        except orjson.JSONDecodeError:
             return None

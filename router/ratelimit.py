@@ -2,8 +2,9 @@
 
 Requests and tokens are token buckets that refill continuously (a full minute's allowance at
 most), so a key may burst up to its per-minute limit and is then paced. A request's tokens are
-estimated up front (prompt tokens + max_tokens, or DEFAULT_OUTPUT_TOKENS when the request sets
-none) and corrected when the response reports its real usage. A refused request takes nothing:
+charged up front at their upper bound — the prompt estimate plus the output bound the backend
+receives, times its sequences (router.rewrite writes a bound into every request) — and
+corrected when the response reports its real usage. A refused request takes nothing:
 every limit is checked before any is charged.
 
 The limiter itself is pure: `refill`, `judge`, `charge`, `settled` and `refunded` compute from a
@@ -22,8 +23,6 @@ from typing import Protocol
 
 from router.errors import RateLimited
 
-# Output tokens assumed for a request that sets no max_tokens, until its usage is known.
-DEFAULT_OUTPUT_TOKENS = 256
 # A bucket refills from empty to full in one minute.
 REFILL_S = 60.0
 
@@ -179,8 +178,9 @@ class MemoryRateStore:
 UNCOUNTED = Verdict(True, recorded=False)
 
 
-def estimate_tokens(prompt_tokens: int, max_tokens: int | None) -> int:
-    return prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_OUTPUT_TOKENS)
+def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int = 1) -> int:
+    """The most a request can cost: its prompt and every sequence's output bound."""
+    return prompt_tokens + (output_bound or 0) * sequences
 
 
 def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:

@@ -26,7 +26,7 @@ from router.ratelimit import MemoryRateStore, RateStore
 from router.redisstores import RedisRateStore, RedisSlowClients
 from router.sharedstate import SharedState, redis_url
 from router.slowclient import BufferBudget, LagPolicy, SlowClients
-from router.tokens import TokenCounter, make_counter
+from router.tokens import PromptCosts, PromptCounter, make_counter
 
 
 class Health(Enum):
@@ -35,13 +35,21 @@ class Health(Enum):
     DOWN = "down"
 
 
+def backend_label(pool: str, index: int) -> str:
+    """How messages that clients may see name a backend: by its pool and its position in the
+    pool's `backends` list (from 0), never by its address."""
+    return f"pool {pool!r} backend {index}"
+
+
 @dataclass(eq=False)
 class Backend:
-    """One vLLM server of a pool, with the live counters balancing and health read."""
+    """One vLLM server of a pool, with the live counters balancing and health read. `name` is
+    its origin, for logs and metric labels; `label` names it to clients."""
 
     pool: str
     name: str
     upstream: UpstreamPool
+    index: int = 0
     health: Health = Health.UNKNOWN
     in_flight: int = 0
     prefilling: int = 0
@@ -56,6 +64,11 @@ class Backend:
     scraped_kv_usage: float = 0.0
     in_flight_at_scrape: int = 0
     drift: tuple[str, ...] = ()
+    auth_failure_logged_at: float | None = None  # monotonic time of the last such warning
+
+    @property
+    def label(self) -> str:
+        return backend_label(self.pool, self.index)
 
     @property
     def routable(self) -> bool:
@@ -113,7 +126,7 @@ class Lane:
 class Runtime:
     config: ProfileConfig
     keys: KeyRing
-    counter: TokenCounter
+    counter: PromptCounter
     pools: Mapping[str, Pool]
     lanes: Mapping[RequestClass, Lane]
     prefixes: PrefixHistory
@@ -167,8 +180,15 @@ def build_runtime(
     environ: Mapping[str, str] | None = None,
 ) -> Runtime:
     env = os.environ if environ is None else environ
-    keys = KeyRing(build_keys(cfg.keys, env))
-    counter = make_counter(cfg.tokenizer)
+    keys = KeyRing(
+        build_keys(
+            cfg.keys,
+            env,
+            rules=cfg.request_fields,
+            isolate_caches=cfg.prefix_cache_isolation == "per_key",
+        )
+    )
+    counter = make_counter(cfg.tokenizer, PromptCosts(**cfg.prompt_costs.model_dump()))
     pools = {name: _build_pool(name, pc, env, previous) for name, pc in cfg.pools.items()}
     lanes = {cls: _build_lane(cls, lc, pools[lc.pool], metrics) for cls, lc in cfg.lanes.items()}
     models: dict[str, tuple[Pool, ...]] = {}
@@ -254,14 +274,18 @@ def _build_pool(name: str, pc: PoolConfig, env: Mapping[str, str], previous: Run
     if previous is not None and name in previous.pools:
         known = {b.name: b for b in previous.pools[name].backends}
     backends = []
-    for origin in pc.origins:
+    for index, origin in enumerate(pc.origins):
         upstream = UpstreamPool(
             origin,
             max_connections=pc.max_connections,
             connect_timeout=pc.connect_timeout_s,
             read_timeout=pc.read_timeout_s,
+            head_timeout=pc.response_head_timeout_s,
+            head_read_timeout=pc.head_read_timeout_s,
+            idle_expiry=pc.upstream_keepalive_s,
+            label=backend_label(name, index),
         )
-        backend = Backend(pool=name, name=origin, upstream=upstream)
+        backend = Backend(pool=name, name=origin, upstream=upstream, index=index)
         if origin in known:
             # Health is a fact about the server, not the profile: keep it across a reload.
             backend.health = known[origin].health

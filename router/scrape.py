@@ -6,19 +6,20 @@ older `vllm:gpu_cache_usage_perc`), summed over engines (data parallel ranks) an
 usage, averaged. `apply_sample` stores a sample on the backend together with the router's own
 in-flight count at that moment, which `router.balance.corrected_load` uses to correct the sample
 between scrapes. `LoadScraper` is the I/O edge: it polls the backends of every pool that has a
-power-of-two lane, on the profile's `scrape.interval_s`.
+power-of-two lane, on the profile's `scrape.interval_s`, each GET bounded in time and bytes
+(`router.probes`); a page too large or too slow is no sample.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
+from router.probes import METRICS_BYTES, get_capped
 from router.runtime import Backend, Pool, Runtime
 
 log = logging.getLogger("lane_router.scrape")
@@ -109,9 +110,9 @@ class LoadScraper:
 
     async def _one(self, pool: Pool, backend: Backend, timeout: float) -> None:
         headers = {"authorization": "Bearer " + pool.upstream_key.decode()} if pool.upstream_key else {}
+        url = backend.name + "/metrics"
+        answer = await get_capped(self._client, url, cap=METRICS_BYTES, timeout=timeout, headers=headers)
         sample = None
-        with contextlib.suppress(httpx.HTTPError):
-            resp = await self._client.get(backend.name + "/metrics", headers=headers, timeout=timeout)
-            if resp.status_code == 200:
-                sample = parse_vllm_load(resp.text)
+        if answer is not None and answer.status == 200:
+            sample = parse_vllm_load(answer.body.decode("utf-8", "replace"))
         apply_sample(backend, sample)

@@ -1,5 +1,6 @@
-"""Running the router: uvicorn (uvloop + httptools) around `LaneRouterApp`, plus the background
-work of a live router — health probes, the profile-file watcher and SIGHUP reload."""
+"""Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
+uvloop, plus the background work of a live router — health probes, the profile-file watcher and
+SIGHUP reload."""
 
 from __future__ import annotations
 
@@ -8,37 +9,26 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import uvloop
 
+from router import httpserver
 from router.app import LaneRouterApp
 from router.config.load import load_profile
 from router.config.models import ProfileConfig
+from router.errors import Unavailable, error_event
 from router.health import HealthChecker
 from router.metrics import Metrics
+from router.proxy.forward import ResponseAborted
 from router.runtime import build_runtime
 from router.scrape import LoadScraper
 from router.settings import Settings
 from router.state import RouterState
 
 log = logging.getLogger("lane_router.server")
-
-
-class NoDelayHttpToolsProtocol(HttpToolsProtocol):
-    """Without TCP_NODELAY the first small SSE write of a stream can wait for the client's
-    delayed ACK, adding tens of milliseconds to time-to-first-token."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)
 
 
 class ConfigWatcher:
@@ -67,9 +57,9 @@ class ConfigWatcher:
                 await self._state.reload("file change")
 
 
-def build_state(cfg: ProfileConfig, config_path: Path | None) -> RouterState:
+def build_state(cfg: ProfileConfig, config_path: Path | None, bind_host: str = "127.0.0.1") -> RouterState:
     metrics = Metrics()
-    return RouterState(build_runtime(cfg, metrics), metrics, config_path)
+    return RouterState(build_runtime(cfg, metrics), metrics, config_path, bind_host=bind_host)
 
 
 @contextlib.asynccontextmanager
@@ -112,23 +102,23 @@ def make_app(state: RouterState, settings: Settings) -> LaneRouterApp:
     return LaneRouterApp(state, lifespan=lambda: background(state, settings))
 
 
-def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConfig:
+    """The HTTP server's settings for the router: its limits from `settings`, the event that ends
+    a stream cut at shutdown, and `ResponseAborted` (which the app logs itself) as quiet."""
     options: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
-        "loop": "uvloop",
-        "http": NoDelayHttpToolsProtocol,
-        "lifespan": "on",
+        "max_head_bytes": settings.max_head_bytes,
+        "max_headers": settings.max_headers,
+        "head_timeout_s": settings.head_timeout_s,
+        "keepalive_timeout_s": settings.keepalive_timeout_s,
+        "body_timeout_s": settings.body_timeout_s,
+        "max_connections": settings.max_connections,
+        "graceful_shutdown_s": settings.graceful_shutdown_s,
         "access_log": settings.access_log,
-        "log_level": settings.log_level,
-        "server_header": False,
-        # The router is the edge; it does not trust X-Forwarded-* from clients (and skips a layer).
-        "proxy_headers": False,
-        "timeout_graceful_shutdown": settings.graceful_shutdown_s,
-        "backlog": 4096,
+        "shutdown_event": error_event(Unavailable("the router is shutting down", code="server_shutdown")),
+        "quiet_errors": (ResponseAborted,),
     }
     options.update(overrides)
-    return uvicorn.Config(app, **options)
+    return httpserver.ServerConfig(**options)
 
 
 def serve(settings: Settings, cfg: ProfileConfig | None = None) -> None:
@@ -137,6 +127,13 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> None:
         if path is None:
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
-    state = build_state(cfg, path)
-    server = uvicorn.Server(uvicorn_config(make_app(state, settings), settings))
-    server.run()
+    state = build_state(cfg, path, settings.host)
+    app = make_app(state, settings)
+    try:
+        uvloop.run(httpserver.serve(app, server_config(settings), host=settings.host, port=settings.port))
+    except httpserver.StartupFailed as err:
+        raise SystemExit(f"lane-router serve: startup failed: {err}") from None
+    except OSError as err:
+        raise SystemExit(
+            f"lane-router serve: cannot serve on {settings.host}:{settings.port}: {err}"
+        ) from None

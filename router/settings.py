@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from router.httpserver.config import HEAD_TIMEOUT_MAX_S
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LANE_ROUTER_", extra="ignore", frozen=True)
@@ -20,3 +22,12 @@ class Settings(BaseSettings):
     watch_config: bool = True
     watch_interval_s: float = Field(1.0, gt=0)
     graceful_shutdown_s: float = Field(30.0, ge=0)
+    # The HTTP server's limits (router/httpserver/config.py), all enforced before the app runs.
+    max_head_bytes: int = Field(64 * 1024, ge=1024, description="request line + headers; 431 above")
+    max_headers: int = Field(100, ge=1, description="header fields of one request; 431 above")
+    head_timeout_s: float = Field(
+        10.0, gt=0, le=HEAD_TIMEOUT_MAX_S, description="connect (or keep-alive reuse) to a complete head"
+    )
+    keepalive_timeout_s: float = Field(30.0, gt=0, description="idle time between requests")
+    body_timeout_s: float = Field(30.0, gt=0, description="silence while a request body is due")
+    max_connections: int = Field(10_000, ge=0, description="open client connections; 0: no limit")

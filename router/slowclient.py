@@ -113,8 +113,9 @@ class SlowClients:
 def unsent_probe(send: Any) -> Callable[[], int] | None:
     """A function giving the bytes written toward the client that it has not yet received: the
     server transport's buffer plus the kernel's unacknowledged send queue. The transport is
-    found on the ASGI server's response cycle (uvicorn's `send` is a method of an object holding
-    it); None when the server or the platform does not tell."""
+    found on the ASGI server's response cycle (the router's server, router/httpserver/exchange.py,
+    makes `send` a method of an object holding it); None when the server or the platform does
+    not tell."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
     outq = _OUTQ
     if transport is None or outq is None:

@@ -3,17 +3,21 @@
 Reload (SIGHUP, a change of the profile file, `POST /admin/reload`) parses and validates the file,
 builds a complete new runtime, and swaps it in one assignment. Requests in flight keep the
 runtime they started on; the old one closes its upstream connections once they have finished.
-An invalid file changes nothing and the answer says why."""
+An invalid file changes nothing and the answer says why. So does, on a router listening beyond
+loopback, a file that would bring in a key anyone can use (router/keyhygiene.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from router.config.checks import ConfigIssue
 from router.config.load import ConfigError, load_profile
+from router.config.models import ProfileConfig
+from router.keyhygiene import is_loopback, key_issues, warning
 from router.metrics import Metrics
 from router.runtime import Runtime, build_runtime
 
@@ -29,12 +33,22 @@ class ReloadOutcome:
 
 
 class RouterState:
+    """`bind_host` is where the router listens (router/settings.py `Settings.host`): beyond
+    loopback, a reload may not bring in a guessable key."""
+
     def __init__(
-        self, runtime: Runtime, metrics: Metrics, config_path: Path | None, *, drain_timeout_s: float = 300.0
+        self,
+        runtime: Runtime,
+        metrics: Metrics,
+        config_path: Path | None,
+        *,
+        drain_timeout_s: float = 300.0,
+        bind_host: str = "127.0.0.1",
     ) -> None:
         self.runtime = runtime
         self.metrics = metrics
         self.config_path = config_path
+        self._exposed = not is_loopback(bind_host)
         self._drain_timeout = drain_timeout_s
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
@@ -57,6 +71,7 @@ class RouterState:
             )
         try:
             cfg = load_profile(self.config_path)
+            self._check_keys(cfg, str(self.config_path))
             new = build_runtime(cfg, self.metrics, previous=old)
         except ConfigError as err:
             return ReloadOutcome(False, str(err), old.config.profile, err.issues)
@@ -67,6 +82,15 @@ class RouterState:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
         return ReloadOutcome(True, f"reloaded on {trigger}", cfg.profile)
+
+    def _check_keys(self, cfg: ProfileConfig, source: str) -> None:
+        """Refuses, as an invalid profile, guessable keys beyond loopback; warns of them on it.
+        The environment is read here as `build_runtime` reads it, so `sha256_env` values count."""
+        issues = key_issues(cfg.keys, os.environ)
+        if issues and self._exposed:
+            raise ConfigError(source, issues)
+        if issues:
+            log.warning("%s: %s", source, warning(issues))
 
     async def aclose(self) -> None:
         try:

@@ -1,20 +1,33 @@
-"""Prompt-token estimates: a fast character heuristic by default, exact counts from a
-`tokenizer.json` when the profile names one."""
+"""Prompt-token counts the router can stand behind.
+
+A tenant must not be able to make a long prompt look short, so by default a text counts one
+token per UTF-8 byte: a byte-level BPE tokenizer (Llama 3, GPT, Qwen, the test suite's own
+model) never makes more tokens than bytes, whatever the script — CJK, emoji and combining marks
+included. With the model's `tokenizer.json` the count is exact. Either way the chat template's
+own tokens (role headers, turn markers, a default system prompt, tool boilerplate) and media
+placeholders are added from `PromptCosts`, so the sum is an upper bound of what vLLM counts.
+
+`simulator` is the rule of `lane-router sim`, whose engines have no tokenizer and count four
+characters a token with no template: exact for those engines and for nothing else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-# English-like text averages about four characters a token in BPE vocabularies. This is the one
-# definition of the heuristic: the simulator maps text to exactly this many token ids, so the
-# router's estimate and the simulated server's prompt length agree.
+# The simulator's rule (4 characters a token, at least one per text). It is also the unit of
+# the prefix fingerprints' blocks (router.facts), which only need a stable size in characters.
 CHARS_PER_TOKEN = 4
+
+UTF8_BYTES = "utf8-bytes"
+SIMULATOR = "simulator"
 
 
 def estimate_text_tokens(text: str) -> int:
-    """Prompt tokens of one text: one per 4 characters, at least 1."""
+    """The simulator's count of one text: one per 4 characters, at least 1."""
     return max(1, len(text) // CHARS_PER_TOKEN)
 
 
@@ -37,18 +50,22 @@ def message_text(message: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def estimate_messages_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Prompt tokens of a chat request: the text estimate per message."""
+def estimate_messages_tokens(messages: list[Mapping[str, Any]]) -> int:
+    """The simulator's count of a chat prompt: its rule per message."""
     return sum(estimate_text_tokens(message_text(m)) for m in messages)
 
 
-class TokenCounter(Protocol):
+class TextCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
-class HeuristicCounter:
+class Utf8ByteCounter:
+    """One token per UTF-8 byte: an upper bound for byte-level BPE tokenizers."""
+
     def count(self, text: str) -> int:
-        return estimate_text_tokens(text)
+        if text.isascii():
+            return len(text)
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 class TokenizerCounter:
@@ -63,5 +80,87 @@ class TokenizerCounter:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def make_counter(tokenizer_path: str | None) -> TokenCounter:
-    return TokenizerCounter(tokenizer_path) if tokenizer_path else HeuristicCounter()
+@dataclass(frozen=True, slots=True)
+class PromptCosts:
+    """Tokens a prompt costs beyond its texts: the chat template's per-request and per-message
+    tokens, tool-definition boilerplate, and each media item's placeholder tokens."""
+
+    per_request: int = 32
+    per_message: int = 8
+    tools: int = 128
+    image: int = 2048
+    audio: int = 1500
+    video: int = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """Media items of one message, by kind."""
+
+    images: int = 0
+    audio: int = 0
+    video: int = 0
+
+
+class PromptCounter:
+    """Counts what a request's prompt costs the engine, as an upper bound."""
+
+    exact_for_simulator = False
+
+    def __init__(self, text: TextCounter, costs: PromptCosts) -> None:
+        self._text = text
+        self.costs = costs
+
+    def text(self, text: str) -> int:
+        return self._text.count(text)
+
+    def request(self) -> int:
+        return self.costs.per_request
+
+    def message(self, role: str, text: str, other: str, media: Media) -> int:
+        """`text`: the message's content and tool calls (`message_text`); `other`: its other
+        fields the template renders (name, tool_call_id, reasoning)."""
+        c = self.costs
+        return (
+            c.per_message
+            + self._text.count(role)
+            + self._text.count(text)
+            + (self._text.count(other) if other else 0)
+            + media.images * c.image
+            + media.audio * c.audio
+            + media.video * c.video
+        )
+
+    def tools(self, serialized: str) -> int:
+        return self.costs.tools + self._text.count(serialized)
+
+
+class SimulatorCounter(PromptCounter):
+    """`lane-router sim`'s own count: 4 characters a token per text, no template, no media."""
+
+    exact_for_simulator = True
+
+    def __init__(self) -> None:
+        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0))
+
+    def message(self, role: str, text: str, other: str, media: Media) -> int:
+        return estimate_text_tokens(text)
+
+    def tools(self, serialized: str) -> int:
+        return 0
+
+
+class _SimulatorText:
+    def count(self, text: str) -> int:
+        return estimate_text_tokens(text)
+
+
+def make_counter(tokenizer: str | None, costs: PromptCosts | None = None) -> PromptCounter:
+    """`utf8-bytes` (or nothing): the upper bound; `simulator`: the simulator's rule; anything
+    else: the path of a `tokenizer.json`."""
+    costs = costs or PromptCosts()
+    if not tokenizer or tokenizer == UTF8_BYTES:
+        return PromptCounter(Utf8ByteCounter(), costs)
+    if tokenizer == SIMULATOR:
+        return SimulatorCounter()
+    return PromptCounter(TokenizerCounter(tokenizer), costs)

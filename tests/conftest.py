@@ -13,7 +13,7 @@ import yaml
 
 from router.bench.fake_backend import FakeBackend, Seen
 from router.config.load import parse_profile
-from router.server import build_state, make_app
+from router.server import build_state
 from router.settings import Settings
 from router.state import RouterState
 from tests.profiles import profile
@@ -65,8 +65,7 @@ async def router_stack(
             path = config_dir / "profile.yaml"
             path.write_text(yaml.safe_dump(data))
         state = build_state(parse_profile(data), path)
-        opts = Settings(config=path, **settings)
-        url = await group.start(make_app(state, opts))
+        url = await group.serve_router(state, Settings(config=path, **settings))
         yield Stack(url, backends, urls, state, path)
 
 

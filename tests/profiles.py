@@ -36,6 +36,8 @@ def profile(interactive: list[str], batch: list[str] | None = None, **top: Any) 
                 "model": MODEL,
                 "upstream_api_key": UPSTREAM_KEY,
                 "connect_timeout_s": 1.0,
+                "response_head_timeout_s": 5.0,
+                "head_read_timeout_s": 5.0,
                 "read_timeout_s": 5.0,
                 "vllm": {"max_model_len": 2048, "max_num_batched_tokens": 2048},
             },

@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 
 from router.config.load import parse_profile
-from router.server import build_state, make_app
-from router.settings import Settings
+from router.server import build_state
 from router.sim.config import EngineConfig
 from router.sim.engine import Engine
 from router.sim.profile import engine_config
@@ -71,5 +70,5 @@ async def sim_stack(
         if adjust is not None:
             adjust(live)
         state = build_state(parse_profile(live), None)
-        url = await group.start(make_app(state, Settings()))
+        url = await group.serve_router(state)
         yield SimStack(url, cluster.engines, cluster.urls, state, live)

@@ -167,7 +167,8 @@ async def test_client_key_is_replaced_by_the_pool_key(stack: Stack) -> None:
     assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert KEYS["user"] not in str(headers)
     assert "cookie" not in headers
-    assert headers["x-request-id"] == "req-42"
+    # Namespaced under the key upstream (two tenants' ids never meet in vLLM), as sent to the client.
+    assert headers["x-request-id"] == "user:req-42"
     assert resp.headers["x-request-id"] == "req-42"
     assert seen[0].path == "/v1/chat/completions"
 
@@ -178,9 +179,33 @@ async def test_request_id_is_generated_when_absent_or_unsafe(stack: Stack) -> No
         unsafe = await client.post(
             "/v1/chat/completions", json=CHAT, headers={**auth("user"), "x-request-id": "x" * 500}
         )
-    ids = [s.headers["x-request-id"] for b in stack.backends for s in b.seen]
+    ids = [s.headers["x-request-id"].removeprefix("user:") for b in stack.backends for s in b.seen]
     assert plain.headers["x-request-id"] in ids and unsafe.headers["x-request-id"] in ids
     assert len(set(ids)) == 2 and all(len(i) == 24 for i in ids)
+
+
+async def test_two_keys_sending_one_request_id_reach_the_backend_as_two(stack: Stack) -> None:
+    async with stack.client() as client:
+        for key in ("user", "tester"):
+            resp = await client.post(
+                "/v1/chat/completions", json=CHAT, headers={**auth(key), "x-request-id": "same"}
+            )
+            assert resp.headers["x-request-id"] == "same"
+    assert sorted(s.headers["x-request-id"] for s in stack.seen()) == ["tester:same", "user:same"]
+
+
+@pytest.mark.parametrize("header", ["authorization", "x-request-class", "x-client-id", "x-session-id"])
+async def test_a_second_copy_of_a_deciding_header_is_refused(stack: Stack, header: str) -> None:
+    key = auth("tester")["authorization"]
+    if header == "authorization":
+        headers = [("authorization", key), ("authorization", auth("user")["authorization"])]
+    else:
+        headers = [("authorization", key), (header, "chat"), (header, "rag")]
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["code"] == "duplicate_header"
+    assert stack.forwarded() == 0
 
 
 async def test_key_limited_to_a_class_gets_403_for_others_and_nothing_is_forwarded(stack: Stack) -> None:

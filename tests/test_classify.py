@@ -24,12 +24,14 @@ PLAIN = RequestFacts(
     model="m",
     stream=True,
     max_tokens=128,
+    sequences=1,
     has_tools=False,
     roles=("user",),
     prompt_tokens=200,
     prefix_chain=(),
     user=None,
     include_usage=False,
+    body={},
 )
 
 

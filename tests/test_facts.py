@@ -9,9 +9,11 @@ import pytest
 
 from router.errors import BadRequest
 from router.facts import PREFIX_BLOCK_CHARS, Endpoint, RequestFacts, parse_facts, prefix_chain
-from router.tokens import HeuristicCounter
+from router.tokens import SimulatorCounter
 
-COUNTER = HeuristicCounter()
+# The simulator's rule (4 characters a token, no template) keeps these counts readable; the
+# upper-bound counter has tests of its own (tests/test_prompt_bounds.py).
+COUNTER = SimulatorCounter()
 
 
 def facts(body: dict[str, Any], endpoint: Endpoint = "chat") -> RequestFacts:
@@ -110,7 +112,7 @@ def test_embeddings_body() -> None:
     f = facts({"model": "e", "input": ["first text", "second"]}, "embeddings")
 
     assert (f.endpoint, f.model, f.stream) == ("embeddings", "e", False)
-    assert f.prompt_tokens == COUNTER.count("first text") + COUNTER.count("second")
+    assert f.prompt_tokens == COUNTER.text("first text") + COUNTER.text("second")
 
 
 def test_embeddings_read_input_not_prompt() -> None:

@@ -27,7 +27,7 @@ async def test_streamed_chat_with_the_sdk(stack: Stack) -> None:
         )
         pieces = [chunk.choices[0].delta.content async for chunk in stream if chunk.choices]
     assert "".join(p or "" for p in pieces) == " t0 t1 t2 t3 t4"
-    assert stack.seen()[0].headers["x-request-id"] == "sdk-1"
+    assert stack.seen()[0].headers["x-request-id"] == "user:sdk-1"
 
 
 async def test_non_streamed_completion_and_models_with_the_sdk(stack: Stack) -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from router.errors import RateLimited
 from router.ratelimit import (
-    DEFAULT_OUTPUT_TOKENS,
     Levels,
     Limits,
     MemoryRateStore,
@@ -112,9 +111,10 @@ async def test_refill_never_exceeds_one_minute_of_allowance() -> None:
     assert (await store.acquire("k", limits, 0, 3600.0)).remaining_requests == 1
 
 
-def test_estimate_uses_max_tokens_or_a_default() -> None:
+def test_estimate_is_the_prompt_plus_every_sequence_s_bound() -> None:
     assert estimate_tokens(100, 50) == 150
-    assert estimate_tokens(100, None) == 100 + DEFAULT_OUTPUT_TOKENS
+    assert estimate_tokens(100, 50, sequences=4) == 300
+    assert estimate_tokens(100, None) == 100
 
 
 async def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None:

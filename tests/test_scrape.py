@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+
+import pytest
 
 from router.config.load import parse_profile
 from router.metrics import Metrics
@@ -14,6 +18,7 @@ from router.sim.serve import EngineSpec, SimCluster
 from router.sim.server import ServerSettings
 from router.sim.timing import StepTimeModel
 from tests.profiles import MODEL, profile
+from tests.proxy.rawserver import Page, dribble, pages, raw_servers
 
 VLLM_V1 = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -115,3 +120,52 @@ async def test_an_unreachable_backend_loses_its_sample() -> None:
         await scraper.stop()
 
     assert not backend.scraped
+
+
+def _metrics_page(size: int) -> bytes:
+    """VLLM_V1 padded with comment lines to `size` bytes."""
+    filler = b"# " + b"x" * 1021 + b"\n"
+    body = VLLM_V1.encode()
+    return body + filler * ((size - len(body)) // len(filler))
+
+
+def _framed(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+async def _unframed_5mib(writer: asyncio.StreamWriter) -> None:
+    """A body without a declared length, ending when the connection does: only counting the
+    bytes as they arrive can stop it."""
+    writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + _metrics_page(5 * 1024 * 1024))
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+
+
+async def _dribbled_metrics(writer: asyncio.StreamWriter) -> None:
+    await dribble(writer, _framed(_metrics_page(0)))
+
+
+@pytest.mark.parametrize(
+    ("page", "sampled"),
+    [
+        (_framed(_metrics_page(1024 * 1024)), True),
+        (_framed(_metrics_page(5 * 1024 * 1024)), False),
+        (_unframed_5mib, False),
+        (_dribbled_metrics, False),
+    ],
+    ids=["1MiB", "5MiB-declared", "5MiB-unframed", "dribbled"],
+)
+async def test_a_metrics_page_too_large_or_too_slow_is_no_sample(page: Page, sampled: bool) -> None:
+    async with raw_servers() as start:
+        server = await start(pages({b"/metrics": page}))
+        rt = _runtime([server.origin])
+        backend = rt.pools["interactive"].backends[0]
+        apply_sample(backend, LoadSample(1, 1, 0.1))
+        scraper = LoadScraper(lambda: rt)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(scraper.scrape(scraped_pools(rt), timeout=0.5), 10)
+        finally:
+            await scraper.stop()
+    assert backend.scraped is sampled
+    assert time.monotonic() - started < 0.5 + 1.0  # the timeout bounds the whole GET

@@ -26,7 +26,8 @@ def register(subparsers: Any) -> None:
         "demo",
         help="a one-minute tour: simulated engines, the router, a mixed run, the per-class table",
         description="Start simulated vLLM engines for the embedded class-aware profile and the "
-        "router in front of them, send a short mixed six-class workload through the router, "
+        "router in front of them (printing a key made for this run, to send requests of your own), "
+        "send a short mixed six-class workload through the router, "
         "print the per-class table and where the per-request JSONL went, then stop everything.",
     )
     demo.add_argument("--rate", type=float, default=3.0, help="requests/s (default 3)")

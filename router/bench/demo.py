@@ -17,7 +17,7 @@ from router.bench.outcome import write_jsonl
 from router.bench.realtime import RealtimeOptions, run_realtime
 from router.bench.report import class_table, routing_table, summarize
 from router.bench.routing import pool_model
-from router.bench.stack import local_stack
+from router.bench.stack import LocalStack, local_stack
 from router.bench.workload import parse_workload
 
 DEMO_PRESET = "h100-llama3-8b"
@@ -26,6 +26,14 @@ DEMO_PRESET = "h100-llama3-8b"
 def _data(name: str) -> tuple[str, Any]:
     resource = resources.files("router") / "data" / name
     return f"router/data/{name}", yaml.safe_load(resource.read_text(encoding="utf-8"))
+
+
+def key_notice(stack: LocalStack) -> str:
+    """How to send requests of one's own while the demo runs, with the key made for this run."""
+    return (
+        f"key for this run (gone when the demo stops): {stack.key}\n"
+        f'  curl -H "Authorization: Bearer {stack.key}" {stack.url}/v1/models'
+    )
 
 
 def run_demo(
@@ -46,6 +54,7 @@ def run_demo(
     with local_stack(profile, DEMO_PRESET) as stack:
         pools = ", ".join(f"{name} ×{len(p.backends)}" for name, p in stack.config.pools.items())
         print(f"router at {stack.url} in front of {pools}", flush=True)
+        print(key_notice(stack), flush=True)
         trace = generate(workload, model=pool_model(stack.config), rate=rate, duration=duration)
         print(
             f"sending {trace.request_count} requests of six classes at {rate:g} req/s for {duration:g} s …",

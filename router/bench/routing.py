@@ -85,8 +85,10 @@ class VirtualRouter:
 
     def __init__(self, cfg: ProfileConfig, key: ApiKey | None = None) -> None:
         # Keys are not needed to route (the caller's key is given) and may name env variables
-        # that are not set here.
-        self.runtime: Runtime = build_runtime(cfg.model_copy(update={"keys": ()}), Metrics())
+        # that are not set here. The engines are simulated: prompts are counted as they count them.
+        self.runtime: Runtime = build_runtime(
+            cfg.model_copy(update={"keys": (), "tokenizer": "simulator"}), Metrics()
+        )
         self.key = key or open_key()
         self.decisions: dict[str, Decision] = {}
         self.clients: dict[str, str] = {}  # request id → the X-Client-Id it carries

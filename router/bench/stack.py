@@ -2,9 +2,9 @@
 its own process, torn down on exit.
 
 The profile is rewritten for the occasion: every pool's backends move to free local ports (as
-many as the profile lists, or `engines` spread over the pools), the keys are replaced by one
-fresh bench key, debug headers are switched on so each answer names its lane, and health probes
-run every half second so the router is ready quickly.
+many as the profile lists, or `engines` spread over the pools), the keys are replaced by one key
+made for this stack alone (`LocalStack.key`), debug headers are switched on so each answer names
+its lane, and health probes run every half second so the router is ready quickly.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import copy
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from router.auth import hash_key
+from router.auth import hash_key, new_key
 from router.bench.client import Endpoint
 from router.bench.generate import Trace
 from router.bench.outcome import Outcome
@@ -64,6 +63,9 @@ def local_profile(
         pool["backends"] = [f"http://127.0.0.1:{next(ports)}" for _ in range(counts[name])]
     out["keys"] = [{"name": "bench", "sha256": hash_key(key)}]
     out["debug_headers"] = True
+    # The engines are simulated: the router counts prompt tokens as they do (the profile's own
+    # tokenizer belongs to the model its real servers run).
+    out["tokenizer"] = "simulator"
     out["health"] = {**out.get("health", {}), "interval_s": 0.5, "timeout_s": 2.0}
     return out
 
@@ -98,7 +100,7 @@ def local_stack(
     ready_timeout: float = READY_TIMEOUT_S,
 ) -> Iterator[LocalStack]:
     """Start engines and router for the profile mapping `data`; yield once the router is ready."""
-    key = "bench-" + secrets.token_hex(16)
+    key = new_key()
     live = local_profile(data, key, engines, fixed)
     cfg = parse_profile(live, "local profile")
     port = free_ports(1)[0]

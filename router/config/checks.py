@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from router.config.models import ALL_CLASSES, ProfileConfig
 from router.config.vllm import vllm_rule_violations
+from router.tokens import SIMULATOR, UTF8_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,25 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _key_rules(cfg)
     issues += _lane_rules(cfg)
     issues += _slow_client_rules(cfg)
+    issues += _token_rules(cfg)
+    return issues
+
+
+def _token_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    if cfg.tokenizer not in (UTF8_BYTES, SIMULATOR) and not Path(cfg.tokenizer).is_file():
+        issues.append(
+            ConfigIssue(
+                "tokenizer",
+                f"no such file {cfg.tokenizer!r} (a tokenizer.json path, {UTF8_BYTES!r} or {SIMULATOR!r})",
+            )
+        )
+    if cfg.prefix_cache_isolation == "off":
+        issues += [
+            ConfigIssue(f"keys[{i}].cache_group", "applies only with prefix_cache_isolation: per_key")
+            for i, key in enumerate(cfg.keys)
+            if key.cache_group is not None
+        ]
     return issues
 
 

@@ -10,6 +10,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 from router.config.vllm import VllmSettings
+from router.requestfields import ENGINE_FIELDS, LIMITED_FIELDS
+
+_ENGINE_LIST = ", ".join(sorted(ENGINE_FIELDS))
 
 
 class RequestClass(StrEnum):
@@ -53,7 +56,20 @@ class PoolConfig(Strict):
     upstream_api_key_env: str | None = None
     upstream_api_key: str | None = None
     connect_timeout_s: float = Field(5.0, gt=0)
+    response_head_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait from a request's write to the first byte of its response. A non-streamed
+    request shows nothing until vLLM has generated the whole answer: allow for the pool's
+    longest generation. Past it the client gets 504 `upstream_timeout`."""
+    head_read_timeout_s: float = Field(10.0, gt=0)
+    """Once a response's first byte arrived, the rest of its head must follow within this, so a
+    backend dribbling its head out is cut (504 `upstream_timeout`)."""
     read_timeout_s: float = Field(120.0, gt=0)
+    """Longest silence between reads of a response body (an idle timeout: a stream that keeps
+    sending is never cut). For a stream it covers the prefill before the first token."""
+    upstream_keepalive_s: float = Field(4.0, gt=0, le=3600)
+    """How long an idle upstream connection is kept for reuse. Keep it below the backend's own
+    keep-alive timeout (5 s for vLLM), so the router, not the backend, closes idle connections: a
+    request written as the backend closes its connection is lost, and is never sent again."""
     max_connections: int = Field(1024, ge=1)
     vllm: VllmSettings = VllmSettings()
     admission: PoolAdmission = PoolAdmission()
@@ -126,6 +142,50 @@ class ClassifyConfig(Strict):
     default_class: RequestClass = RequestClass.CHAT
 
 
+class FieldRules(Strict):
+    """Body fields beyond the open set (router.requestfields): `allow` names engine fields a key
+    may set (e.g. `vllm_xargs`); `limits` bounds numeric fields (`n`, `best_of`, `logprobs`,
+    `top_logprobs`, `prompt_logprobs`, and `max_tokens`, the output per sequence). A key's rules
+    add to the profile's: its `allow` joins the profile's, its `limits` override them."""
+
+    allow: tuple[str, ...] = ()
+    limits: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("allow")
+    @classmethod
+    def _engine_fields(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [n for n in names if n not in ENGINE_FIELDS]
+        if unknown:
+            raise ValueError(f"not an engine field: {', '.join(unknown)} (engine fields: {_ENGINE_LIST})")
+        return names
+
+    @field_validator("limits")
+    @classmethod
+    def _limited_fields(cls, limits: dict[str, int]) -> dict[str, int]:
+        unknown = [n for n in limits if n not in LIMITED_FIELDS]
+        if unknown:
+            bounded = ", ".join(sorted(LIMITED_FIELDS))
+            raise ValueError(f"no bound for {', '.join(unknown)} (bounded: {bounded})")
+        negative = [n for n, v in limits.items() if v < 0]
+        if negative:
+            raise ValueError(f"bounds must be ≥ 0: {', '.join(negative)}")
+        return limits
+
+
+class PromptCostsConfig(Strict):
+    """Tokens a prompt costs beyond its texts, so the estimate stays an upper bound of what vLLM
+    counts: the chat template's tokens per request and per message, tool-definition
+    boilerplate, and each image / audio clip / video's placeholder tokens (raise them for
+    models whose template or vision encoder uses more)."""
+
+    per_request: int = Field(32, ge=0)
+    per_message: int = Field(8, ge=0)
+    tools: int = Field(128, ge=0)
+    image: int = Field(2048, ge=0)
+    audio: int = Field(1500, ge=0)
+    video: int = Field(16384, ge=0)
+
+
 class KeyConfig(Strict):
     name: Name
     sha256: str | None = Field(None, pattern=r"^(sha256:)?[0-9a-f]{64}$")
@@ -139,6 +199,8 @@ class KeyConfig(Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
+    request_fields: FieldRules | None = None
+    cache_group: Name | None = None
 
 
 class SlowClientConfig(Strict):
@@ -220,7 +282,14 @@ class ProfileConfig(Strict):
     description: str = ""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     debug_headers: bool = False
-    tokenizer: str | None = None
+    # `utf8-bytes`: one token per UTF-8 byte, an upper bound for byte-level BPE tokenizers;
+    # a path: the model's tokenizer.json (exact); `simulator`: lane-router sim's engines only.
+    tokenizer: str = Field("utf8-bytes", min_length=1)
+    prompt_costs: PromptCostsConfig = PromptCostsConfig()
+    request_fields: FieldRules = FieldRules()
+    # `per_key`: every request carries vLLM's cache_salt for its key (or its key's cache_group),
+    # replacing the client's, so no tenant's prompts hit another's prefix cache.
+    prefix_cache_isolation: Literal["off", "per_key"] = "off"
     pools: dict[Name, PoolConfig] = Field(min_length=1)
     lanes: dict[RequestClass, LaneConfig]
     classify: ClassifyConfig = ClassifyConfig()

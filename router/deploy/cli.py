@@ -2,7 +2,8 @@
 
 The renderers build data; this module turns it into text and writes it to stdout or `--out DIR`
 (`vllm-serve.sh`, `compose.yaml` or `lane-router.yaml`). A profile the renderers cannot express
-for its vLLM version exits 2 with the reason, like an invalid profile.
+for its vLLM version exits 2 with the reason, like an invalid profile; so does one with a literal
+key anyone can use (router/keyhygiene.py), since what is rendered listens on the network.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from router.deploy.render_compose import ComposeOptions, render_compose
 from router.deploy.render_k8s import K8sOptions, render_k8s
 from router.deploy.render_vllm import serve_plan, serve_script
 from router.deploy.yamltext import dump_all
+from router.keyhygiene import key_issues, refusal
 
 TARGETS = ("vllm", "compose", "k8s")
 OUTPUT_FILES = {"vllm": "vllm-serve.sh", "compose": "compose.yaml", "k8s": "lane-router.yaml"}
@@ -53,6 +55,8 @@ def register(subparsers: Any) -> None:
 def cmd_render(args: argparse.Namespace) -> int:
     try:
         cfg = load_profile(args.config)
+        if _refuse_guessable_keys(cfg, args):
+            return 2
         text = render_text(args.target, cfg, args.device, args)
     except ConfigError as err:
         print(err, file=sys.stderr)
@@ -68,6 +72,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     target.write_text(text, encoding="utf-8")
     print(f"wrote {target}", file=sys.stderr)
     return 0
+
+
+def _refuse_guessable_keys(cfg: ProfileConfig, args: argparse.Namespace) -> bool:
+    # Only literal digests: the variables a deployment reads are filled in where it runs.
+    issues = key_issues(cfg.keys)
+    if issues:
+        refused = f"to render {args.config}: a deployment listens on the network"
+        print(refusal(f"lane-router render {args.target}", refused, issues), file=sys.stderr)
+    return bool(issues)
 
 
 def render_text(target: str, cfg: ProfileConfig, device: Device, args: argparse.Namespace) -> str:

@@ -45,6 +45,7 @@ from router.deploy.plan import (
 )
 from router.deploy.render_state import REDIS, REDIS_POLICY, ingress_only_from, redis_k8s, redis_url
 from router.deploy.yamltext import dump
+from router.keyhygiene import KEY_HASH_PLACEHOLDER
 
 ROUTER = "lane-router"
 ROUTER_PODS = "lane-router-pods"  # headless: one DNS record per router pod, for Prometheus DNS SD
@@ -115,7 +116,7 @@ def _secret(cfg: ProfileConfig, plans: tuple[PoolPlan, ...]) -> dict[str, Any]:
 
 def _placeholder(name: str, hashes: set[str], cfg: ProfileConfig) -> str:
     if name in hashes:
-        return "REPLACE with the sha256 of the key (lane-router hash-key --new)"
+        return KEY_HASH_PLACEHOLDER
     if name == cfg.state.redis_url_env:
         return "REPLACE with the shared-state Redis URL (redis://[:password@]host:6379/0)"
     return "REPLACE with a long random string shared by the router and the pool"

@@ -1,4 +1,4 @@
-"""Capacity evidence records (SOURCES §2): records, their store, retest triggers and the decision.
+"""Capacity evidence (docs/evidence.md): records, their store, retest triggers and the decision.
 
 A record binds measurements to the exact configuration and slice they were taken on; the
 decision says whether a record backs a lane's target on the configuration in use.

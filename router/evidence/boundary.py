@@ -1,4 +1,4 @@
-"""The security boundary note of a profile (SOURCES §2 point 8).
+"""The security boundary note of a profile.
 
 vLLM's `--api-key` authenticates only paths under `/v1`; its other routes answer anyone who can
 reach the port. The note states what the router exposes, which key scopes guard it, and that the

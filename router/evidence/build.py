@@ -1,7 +1,8 @@
 """From a pool of the profile to the identity and context of a record, and to new records.
 
 The configuration hash is the one of `router.config.vllm`: the evidence is bound to exactly the
-settings the pool's servers are started with.
+settings the pool's servers are started with. `knobs_hash` goes the other way, from what a record
+states back to the hash, so a record whose knobs and hash disagree shows.
 """
 
 from __future__ import annotations
@@ -47,6 +48,23 @@ def pool_identity(pool: PoolConfig) -> Identity:
 def serving_configuration(pool: PoolConfig) -> ServingConfiguration:
     """The pool's current configuration identity, to hold records against."""
     return ServingConfiguration(identity=pool_identity(pool), knobs=capacity_knobs(pool.vllm))
+
+
+def recorded_settings(configuration: ServingConfiguration) -> VllmSettings:
+    """The vLLM settings an identity and its knobs describe (`ValidationError` if none could)."""
+    identity = configuration.identity
+    values = {
+        **configuration.knobs.model_dump(),
+        "version": identity.vllm_version,
+        "model_revision": identity.model_revision,
+    }
+    return VllmSettings.model_validate(values)
+
+
+def knobs_hash(configuration: ServingConfiguration) -> str:
+    """The configuration hash of a configuration's knobs, vLLM version, revision and model."""
+    settings = recorded_settings(configuration)
+    return server_configuration_hash(settings, configuration.identity.served_model_name)
 
 
 def workload_sha256(workload: bytes) -> str:

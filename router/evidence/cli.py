@@ -17,12 +17,15 @@ from pydantic import ValidationError
 from router.config.load import ConfigError, load_profile
 from router.config.models import RequestClass
 from router.evidence.build import serving_configuration
-from router.evidence.decide import Decision, FinalDecision, decide
+from router.evidence.decide import FinalDecision, decide
 from router.evidence.diff import changed_fields, transfer_triggers
 from router.evidence.profile import lane_target
-from router.evidence.records import CapacityEvidenceRecord, EvidenceError, dump_record
+from router.evidence.reading import validation_problems
+from router.evidence.records import EvidenceError, dump_record, validated_mix
+from router.evidence.render import SHOW_HEADER, cell, decision_rows, render_table, summary_row
 from router.evidence.store import load_records, read_record
 from router.evidence.targets import SloTargets, Target
+from router.evidence.triggers import CLASS_MIX_TOLERANCE
 
 EXIT_CODES: Mapping[FinalDecision, int] = MappingProxyType(
     {FinalDecision.PASS: 0, FinalDecision.CONDITIONAL: 1, FinalDecision.DEFER: 3}
@@ -30,7 +33,8 @@ EXIT_CODES: Mapping[FinalDecision, int] = MappingProxyType(
 EXIT_UNUSABLE = 2
 DECIDE_EPILOG = (
     "exit status: 0 PASS, 1 CONDITIONAL (passes, but the record has no security boundary note), "
-    "2 unusable input (unreadable record or profile, bad --slo), 3 DEFER"
+    "2 unusable input (unreadable, tampered or inconsistent record, bad profile, --slo or "
+    "--class-mix), 3 DEFER"
 )
 
 
@@ -71,6 +75,13 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         metavar="T",
         help="output tokens (default: the lane's max_output_tokens)",
+    )
+    judge.add_argument(
+        "--class-mix",
+        metavar="CLASS=SHARE,...",
+        help="the class mix the lane must carry, e.g. chat=0.6,rag=0.4 (shares add up to 1); the "
+        "record must have measured every class in it, within a total variation distance of "
+        f"{CLASS_MIX_TOLERANCE:g} (default: no mix required)",
     )
     judge.add_argument(
         "--slo",
@@ -133,7 +144,7 @@ def run_show(args: argparse.Namespace) -> int:
         for record in records:
             sys.stdout.write(dump_record(record).decode())
         return 0
-    rows = [_summary_row(r) for r in records]
+    rows = [summary_row(r) for r in records]
     print(render_table(SHOW_HEADER, rows))
     return 0
 
@@ -159,7 +170,7 @@ def run_diff(args: argparse.Namespace) -> int:
     except EvidenceError as exc:
         return _unusable(str(exc))
     changes = changed_fields(a, b)
-    rows = [(c.path, _cell(c.before), _cell(c.after)) for c in changes]
+    rows = [(c.path, cell(c.before), cell(c.after)) for c in changes]
     print(render_table(("field", "A", "B"), rows) if rows else "no field differs")
     fired = transfer_triggers(a, b)
     print("retest triggers (A's evidence for B): " + (", ".join(fired) or "none"))
@@ -179,7 +190,8 @@ def run_example_command(args: argparse.Namespace) -> int:
         outcome = run_example(Paths.under(args.out or Path(f"evidence-example-{stamp}")), scale, _say)
     except (ValueError, OSError, ConfigError) as exc:
         return _unusable(str(exc))
-    except (RuntimeError, subprocess.SubprocessError) as exc:
+    except (RuntimeError, subprocess.SubprocessError, EvidenceError) as exc:
+        # The example writes its own store: a record it cannot read back is a failed run.
         print(f"lane-router evidence example: {exc}", file=sys.stderr)
         return 1
     wrong = problems(outcome)
@@ -221,77 +233,30 @@ def parse_slo(pairs: Sequence[str]) -> SloTargets:
     try:
         return SloTargets.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"--slo: {problems}") from None
+        raise ValueError(f"--slo: {validation_problems(exc)}") from None
 
 
-def decision_rows(decision: Decision, target: Target) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = list(decision.fields())
-    rows += [
-        ("record_id", decision.record_id or "-"),
-        ("triggers", ", ".join(decision.triggers) or "-"),
-        ("slo_misses", ", ".join(decision.slo_misses) or "-"),
-        ("missing_identity", ", ".join(decision.missing_identity) or "-"),
-        ("target", _target_text(target)),
-    ]
-    return rows
-
-
-SHOW_HEADER = (
-    "record",
-    "measured_at",
-    "model",
-    "config",
-    "vllm",
-    "hardware",
-    "tp/pp/dp",
-    "max_len",
-    "seqs",
-    "batched",
-    "warmup",
-    "slice",
-    "p95_ttft",
-    "p95_itl",
-    "p95_e2e",
-    "tok/s",
-    "err/timeout",
-    "note",
-    "supersedes",
-)
-
-
-def _summary_row(r: CapacityEvidenceRecord) -> tuple[str, ...]:
-    knobs, sl, m = r.context.knobs, r.measured_slice, r.measurements
-    return (
-        _short(r.record_id),
-        r.measured_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        r.identity.served_model_name,
-        _short(r.identity.server_configuration_hash),
-        r.identity.vllm_version or "?",
-        r.identity.hardware_profile or "?",
-        f"{knobs.tensor_parallel_size}/{knobs.pipeline_parallel_size}/{knobs.data_parallel_size}",
-        str(knobs.max_model_len),
-        str(knobs.max_num_seqs),
-        str(knobs.max_num_batched_tokens),
-        r.context.warmup.value,
-        f"in≤{sl.input_tokens.max} out≤{sl.output_tokens.max} c≤{sl.concurrency}",
-        f"{m.ttft.p95_ms:.0f}",
-        f"{m.itl.p95_ms:.1f}",
-        f"{m.e2e.p95_ms:.0f}",
-        f"{m.output_tokens_per_s:.0f}",
-        f"{m.error_count}/{m.timeout_count}",
-        "yes" if r.security_boundary_note and r.security_boundary_note.strip() else "no",
-        _short(r.supersedes),
-    )
-
-
-def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    ]
-    return "\n".join(lines)
+def parse_class_mix(text: str | None) -> Mapping[RequestClass, float] | None:
+    """`chat=0.6,rag=0.4` as a class mix (None: no mix required); `ValueError` naming the problem."""
+    if text is None:
+        return None
+    mix: dict[RequestClass, float] = {}
+    for pair in text.split(","):
+        name, _, share = pair.partition("=")
+        try:
+            cls, value = RequestClass(name.strip()), float(share)
+        except ValueError:
+            raise ValueError(
+                f"--class-mix {pair!r}: expected CLASS=SHARE, CLASS one of "
+                + ", ".join(c.value for c in RequestClass)
+            ) from None
+        if cls in mix:
+            raise ValueError(f"--class-mix: {cls.value} is given twice")
+        mix[cls] = value
+    try:
+        return validated_mix(mix)
+    except ValueError as exc:
+        raise ValueError(f"--class-mix: {exc}") from None
 
 
 def _with_overrides(target: Target, args: argparse.Namespace) -> Target:
@@ -299,21 +264,8 @@ def _with_overrides(target: Target, args: argparse.Namespace) -> Target:
         max_input_tokens=args.max_input or target.max_input_tokens,
         max_output_tokens=args.max_output or target.max_output_tokens,
         concurrency=args.concurrency or target.concurrency,
+        class_mix=parse_class_mix(args.class_mix),
     )
-
-
-def _target_text(t: Target) -> str:
-    return f"in≤{t.max_input_tokens} out≤{t.max_output_tokens} concurrency {t.concurrency}"
-
-
-def _short(digest: str | None) -> str:
-    return digest.removeprefix("sha256:")[:12] if digest else "-"
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"  # measured values: beyond six digits is noise
-    return "-" if value is None else str(value)
 
 
 def _unusable(message: str) -> int:

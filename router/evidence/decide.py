@@ -1,4 +1,4 @@
-"""The decision function of SOURCES §2: may this record back this target on this configuration?
+"""The evidence decision: may this record back this target on this configuration?
 
 Every state is computed and reported; the final decision follows the first gate that fails, in
 the order provenance → measurement → slice → SLO → security boundary. Only the boundary gate
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
 
+from router.evidence.provenance import GapKind, ProvenanceGap, identity_gaps
 from router.evidence.records import (
     CapacityEvidenceRecord,
     Frozen,
@@ -108,11 +109,17 @@ class Decision(Frozen):
     retest_state: RetestState
     final_decision: FinalDecision
     reason_class: ReasonClass
-    # The detail behind the states: which record, which triggers fired, which SLO bounds missed.
+    # The detail behind the states: which record, which triggers fired, which SLO bounds missed,
+    # what keeps the provenance from being complete.
     record_id: str | None = None
     triggers: tuple[RetestTrigger, ...] = ()
     slo_misses: tuple[SloMetric, ...] = ()
-    missing_identity: tuple[str, ...] = ()
+    provenance_gaps: tuple[ProvenanceGap, ...] = ()
+
+    @property
+    def missing_identity(self) -> tuple[str, ...]:
+        """The identity fields that are absent (`current.` ones of the configuration in use)."""
+        return tuple(gap.field for gap in self.provenance_gaps if gap.kind is GapKind.MISSING)
 
     def fields(self) -> tuple[tuple[str, str], ...]:
         """The eight decision fields, in order, as (name, value)."""
@@ -126,9 +133,9 @@ def decide(
     slo: SloTargets,
 ) -> Decision:
     fired = retest_triggers(record, current, target)
-    missing = record.identity.missing() + tuple(f"current.{name}" for name in current.identity.missing())
+    gaps = identity_gaps(record.identity) + identity_gaps(current.identity, "current.")
     misses = slo_misses(record.measurements, slo)
-    provenance = _provenance(missing, fired)
+    provenance = _provenance(gaps, fired)
     measurement = _measurement(record)
     slice_state = SliceState.OUTSIDE if fired & SLICE_TRIGGERS else SliceState.INSIDE
     service = ServiceState.MISSES_SLO if misses else ServiceState.MEETS_SLO
@@ -152,7 +159,7 @@ def decide(
         record_id=record.record_id,
         triggers=ordered(fired),
         slo_misses=misses,
-        missing_identity=missing,
+        provenance_gaps=gaps,
     )
 
 
@@ -170,8 +177,8 @@ def no_evidence() -> Decision:
     )
 
 
-def _provenance(missing: tuple[str, ...], fired: frozenset[RetestTrigger]) -> ProvenanceState:
-    if missing:
+def _provenance(gaps: tuple[ProvenanceGap, ...], fired: frozenset[RetestTrigger]) -> ProvenanceState:
+    if gaps:
         return ProvenanceState.INCOMPLETE
     if fired & CONFIGURATION_TRIGGERS:
         return ProvenanceState.MISMATCH

@@ -10,6 +10,7 @@ shape, so the measured slice reaches the lane's limits instead of falling just s
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +18,10 @@ from typing import Any
 from router.config.models import RequestClass
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
-# The simulator has no weights to pin; the revision says so rather than borrow a real one.
-MODEL_REVISION = "simulated"
+# The simulator has no weights to pin: its revision is the content hash of a manifest that says
+# so, immutable as a revision must be, rather than a real model's commit it does not serve.
+SIMULATOR_MANIFEST = b"lane-router simulator: no weights\n"
+MODEL_REVISION = "sha256:" + hashlib.sha256(SIMULATOR_MANIFEST).hexdigest()
 INTERACTIVE = "interactive"
 BULK = "bulk"
 INTERACTIVE_LANES = (RequestClass.CHAT, RequestClass.AGENT, RequestClass.RAG, RequestClass.SLOW_STREAM)
@@ -67,6 +70,8 @@ def example_profile(
         "description": f"config {config} of the capacity-evidence worked example (docs/evidence.md)",
         # Each answer names its lane, so the benchmark can file one record per lane.
         "debug_headers": True,
+        # The engines are simulated: the router counts prompt tokens as they do.
+        "tokenizer": "simulator",
         "health": {"interval_s": 0.5, "timeout_s": 2.0},
         "pools": pools,
         "lanes": lanes,

@@ -9,6 +9,7 @@ from pathlib import Path
 from router.config.models import ProfileConfig, RequestClass
 from router.evidence.decide import Decision, FinalDecision
 from router.evidence.profile import decide_profile, lane_target
+from router.evidence.render import render_table
 from router.evidence.store import load_records
 from router.evidence.targets import SloTargets, Target
 
@@ -35,8 +36,7 @@ def admitted(verdicts: list[LaneVerdict], *, allow_conditional: bool) -> bool:
 
 
 def verdict_table(verdicts: list[LaneVerdict]) -> str:
-    from router.evidence.cli import render_table
-
+    """One row per lane, then what keeps any lane's provenance incomplete, once per problem."""
     header = ("lane", "pool", "target", "decision", "reason", "retest triggers", "slo missed", "record")
     rows = [
         (
@@ -51,4 +51,12 @@ def verdict_table(verdicts: list[LaneVerdict]) -> str:
         )
         for v in verdicts
     ]
-    return render_table(header, rows)
+    return "\n".join([render_table(header, rows), *gap_notes(verdicts)])
+
+
+def gap_notes(verdicts: list[LaneVerdict]) -> list[str]:
+    lanes: dict[str, list[str]] = {}
+    for v in verdicts:
+        for gap in v.decision.provenance_gaps:
+            lanes.setdefault(gap.message, []).append(v.cls.value)
+    return [f"{', '.join(names)}: {message}" for message, names in lanes.items()]

@@ -1,9 +1,10 @@
-"""Capacity evidence records, v1 (SOURCES §2): what was configured and what was measured.
+"""Capacity evidence records, v1 (docs/evidence.md): what was configured and what was measured.
 
 A record is immutable: every model is frozen, mappings are read-only, and its `record_id` is
 the sha256 of its canonical JSON (orjson, sorted keys) without the id itself, so the same
 content always yields the same id whatever order its keys were written in, and any change of
-content — a different configuration, a new measurement — is a different record.
+content — a different configuration, a new measurement — is a different record. Reading one
+from bytes, with every check that entails, is `router.evidence.reading`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Final, Literal
 
 import orjson
 from pydantic import (
@@ -21,7 +22,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     computed_field,
     field_serializer,
     field_validator,
@@ -96,6 +96,9 @@ class CapacityKnobs(Frozen):
     kv_cache_dtype: str = "auto"
     scheduling_policy: str = "fcfs"
     stream_interval: int = Field(1, ge=1)
+    # Part of the configuration hash; left out of the record when empty, so records of servers
+    # started without extra arguments keep the content — and the id — they always had.
+    extra_args: tuple[str, ...] = Field((), exclude_if=lambda args: not args)
 
 
 class MeasurementProtocol(Frozen):
@@ -183,8 +186,11 @@ class ServingConfiguration(Frozen):
     knobs: CapacityKnobs
 
 
+RECORD_VERSION: Final = 1
+
+
 class CapacityEvidenceRecord(Frozen):
-    record_version: Literal[1] = 1
+    record_version: Literal[1] = RECORD_VERSION
     identity: Identity
     context: MeasurementContext
     measured_slice: MeasuredSlice
@@ -222,22 +228,3 @@ def dump_record(record: CapacityEvidenceRecord) -> bytes:
         orjson.dumps(record.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
         + b"\n"
     )
-
-
-def parse_record(data: bytes | str, source: str = "<record>") -> CapacityEvidenceRecord:
-    """Read a record and check that its stated `record_id` is the hash of its content."""
-    try:
-        raw: Any = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise EvidenceError(f"{source}: not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise EvidenceError(f"{source}: a record is a JSON object")
-    stated = raw.pop("record_id", None)
-    try:
-        record = CapacityEvidenceRecord.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise EvidenceError(f"{source}: invalid record: {problems}") from None
-    if stated is not None and stated != record.record_id:
-        raise EvidenceError(f"{source}: record_id {stated} does not match its content ({record.record_id})")
-    return record

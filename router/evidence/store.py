@@ -14,13 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from router.evidence.records import (
-    CapacityEvidenceRecord,
-    EvidenceError,
-    RecordExistsError,
-    dump_record,
-    parse_record,
-)
+from router.evidence.reading import parse_record
+from router.evidence.records import CapacityEvidenceRecord, EvidenceError, RecordExistsError, dump_record
 
 SUFFIX = ".json"
 TEMP_PREFIX = ".tmp-"
@@ -34,8 +29,10 @@ def read_record(path: str | Path) -> CapacityEvidenceRecord:
     path = Path(path)
     try:
         data = path.read_bytes()
+    except FileNotFoundError:
+        raise EvidenceError(f"{path}: no such record file") from None
     except OSError as exc:
-        raise EvidenceError(f"{path}: {exc.strerror or exc}") from None
+        raise EvidenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse_record(data, str(path))
 
 
@@ -72,13 +69,16 @@ class EvidenceStore:
         return final
 
     def paths(self) -> list[Path]:
+        if not self.root.exists():
+            raise EvidenceError(f"{self.root}: no such evidence store")
         if not self.root.is_dir():
-            raise EvidenceError(f"{self.root}: not a directory")
-        return sorted(
-            p
-            for p in self.root.iterdir()
-            if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file()
-        )
+            raise EvidenceError(f"{self.root}: not a directory, so not an evidence store")
+        try:
+            # Every visible *.json is a record, whatever it is: a directory or a dangling link
+            # under a record's name is refused when read, not passed over.
+            return sorted(p for p in self.root.iterdir() if p.suffix == SUFFIX and not p.name.startswith("."))
+        except OSError as exc:
+            raise EvidenceError(f"{self.root}: {exc.strerror or exc}") from None
 
     def records(self) -> list[CapacityEvidenceRecord]:
         found = [_named_by_id(path, read_record(path)) for path in self.paths()]
@@ -99,13 +99,18 @@ def load_records(path: str | Path) -> list[CapacityEvidenceRecord]:
     path = Path(path)
     if path.is_dir():
         return EvidenceStore(path).records()
+    if not path.exists():
+        raise EvidenceError(f"{path}: no such record file or evidence store")
     return [read_record(path)]
 
 
 def _named_by_id(path: Path, record: CapacityEvidenceRecord) -> CapacityEvidenceRecord:
     # In a store the file name is the id, so a record cannot hide behind another's name.
     if path.name != record_filename(record.record_id):
-        raise EvidenceError(f"{path}: file name does not match record {record.record_id}")
+        raise EvidenceError(
+            f"{path}: file name is not its record's id ({record_filename(record.record_id)}); "
+            "a store files each record under its id"
+        )
     return record
 
 

@@ -1,7 +1,7 @@
 """What a lane wants to run (its target slice) and what the product requires of it (SLO targets).
 
-SLO targets are product choices, not properties of the engine (SOURCES §2 point 6); a bound set
-to `None` is not checked.
+SLO targets are product choices, not properties of the engine; a bound set to `None` is not
+checked.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Retest triggers, declared up front (SOURCES §2 point 12): which differences between the
-measured configuration and slice and the ones in use void the evidence.
+"""Retest triggers, declared up front: which differences between the measured configuration
+and slice and the ones in use void the evidence.
 
 Configuration triggers compare a record's identity and knobs with a current configuration;
 slice triggers compare its measured slice with a target. Measuring a smaller slice than the target

@@ -127,7 +127,8 @@ def _free_port() -> int:
 
 def _write_profile(directory: str, profile: Mapping[str, Any]) -> Path:
     path = Path(directory, "profile.yaml")
-    path.write_text(yaml.safe_dump(dict(profile)))
+    # The engines are simulated: the router counts prompt tokens as they do.
+    path.write_text(yaml.safe_dump({"tokenizer": "simulator", **profile}))
     return path
 
 

@@ -2,9 +2,16 @@
 
 A connection carries one exchange at a time (no pipelining). Body bytes are handed to the single
 consumer through a deque plus a Future that exists only while the consumer is actually waiting, so
-a chunk that arrives while the consumer is busy costs one append. The read timeout is an idle
-timeout: `data_received` only stamps the time, and one lazily re-armed timer per connection checks
-the stamp, so resetting it costs nothing per chunk.
+a chunk that arrives while the consumer is busy costs one append.
+
+The time limits of `ResponseLimits` are deadlines watched by one lazily re-armed timer per
+connection (`DeadlineTimer`): a body read only stamps its time, and the timer, when it fires,
+re-arms itself at the deadline the stamps give by then. It is moved earlier only where a deadline
+shortens — at the request, at the head's first byte, at the head's end: a few times per exchange,
+never per chunk.
+
+The response head is bounded as it arrives: its bytes and fields are counted in the head state
+only, and past a limit the connection is aborted before more of it is buffered.
 """
 
 from __future__ import annotations
@@ -17,14 +24,9 @@ from typing import cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
-from router.errors import (
-    UpstreamClosed,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-)
+from router.errors import UpstreamClosed, UpstreamError, UpstreamProtocolError, UpstreamTimeout
 from router.proxy.http1 import body_is_delimited
+from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
 
 # Past HIGH_WATER buffered body bytes reading pauses, so the kernel buffers fill and the backend's
 # writes stall; reading resumes once the consumer drained the buffer to LOW_WATER.
@@ -43,17 +45,21 @@ class UpstreamConnection(asyncio.Protocol):
         "_body",
         "_buffered",
         "_exc",
+        "_framing_bytes",
+        "_head_bytes",
         "_head_request",
+        "_head_since",
         "_headers",
         "_interim",
         "_keep_alive",
+        "_label",
         "_last_read",
+        "_limits",
         "_loop",
         "_new_parser_needed",
         "_on_closed",
         "_parser",
         "_paused",
-        "_read_timeout",
         "_state",
         "_timer",
         "_transport",
@@ -68,18 +74,20 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        read_timeout: float,
+        limits: ResponseLimits,
+        label: str,
         on_closed: Callable[[UpstreamConnection], None],
     ) -> None:
         self._loop = loop
-        self._read_timeout = read_timeout
+        self._limits = limits
+        self._label = label  # names the backend in error messages, which clients may see
         self._on_closed = on_closed
         self._transport: asyncio.Transport | None = None
         self._parser = HttpResponseParser(self)
         self._new_parser_needed = False
         self._state = IDLE
-        self._timer: asyncio.TimerHandle | None = None
-        self._last_read = 0.0
+        self._timer = DeadlineTimer(loop, self._on_timer)
+        self._last_read = 0.0  # the latest body read
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self.closed = False
@@ -93,8 +101,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._body: deque[bytes] = deque()
         self._buffered = 0
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_since = 0.0  # the request's write, then the head's first byte
+        self._head_bytes = 0
+        self._framing_bytes = 0
         self.status = 0
-        self.got_bytes = False
+        self.got_bytes = False  # a byte of the response arrived
 
     # -- used by the pool and the response -------------------------------------------------
 
@@ -136,12 +147,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = False
         self._exc = None
         self._headers = []
+        self._head_bytes = 0
+        self._framing_bytes = 0
         self.status = 0
         self.got_bytes = False
         self._state = HEADERS
-        self._last_read = self._loop.time()
-        if self._timer is None:
-            self._arm_timer()
+        self._head_since = now = self._loop.time()
+        self._timer.arm_by(self._limits.deadline(BEFORE_HEAD, now))
         if not body:
             transport.write(head)
         elif len(body) <= 65536:
@@ -187,26 +199,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def next_chunk(self) -> bytes:
         """Like `take`, waiting until there is something to return."""
-        while True:
-            chunk = self.take()
-            if chunk is not None:
-                return chunk
-            waiter = self._waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
+        while (chunk := self.take()) is None:
+            await self._changed()
+        return chunk
 
     async def wait_headers(self) -> None:
         # Once the headers are in, a later failure is raised by the body iteration instead.
         while self._state == HEADERS:
-            if self._exc is not None:
-                raise self._exc
-            waiter = self._waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
+            await self._changed()
+
+    async def wait_body(self) -> None:
+        """Until a body byte arrived or the body ended; a failure before either is raised."""
+        while self._state == BODY and not self._body:
+            await self._changed()
 
     def abort(self) -> None:
         """Close the socket at once, dropping unread data (the backend sees the client leave)."""
@@ -219,6 +224,16 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals -------------------------------------------------------------------------
 
+    async def _changed(self) -> None:
+        """Wait for the next event of the exchange; raise its failure if it already failed."""
+        if self._exc is not None:
+            raise self._exc
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -229,22 +244,23 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_read = self._loop.time()
         if self._transport is not None and not self.closed:
             self._transport.resume_reading()
-        if self._timer is None and self._state in (HEADERS, BODY):
-            self._arm_timer()
-
-    def _arm_timer(self) -> None:
-        self._timer = self._loop.call_at(self._last_read + self._read_timeout, self._on_timer)
+        if self._state == BODY:
+            self._timer.arm_by(self._limits.deadline(IN_BODY, self._last_read))
 
     def _on_timer(self) -> None:
-        self._timer = None
         # While paused the consumer is the slow side, not the backend: no timeout then.
-        if self.closed or self._paused or self._state not in (HEADERS, BODY):
+        state = self._state
+        if self.closed or self._paused or (state != HEADERS and state != BODY):
             return
-        if self._loop.time() < self._last_read + self._read_timeout:
-            self._arm_timer()
+        if state == BODY:
+            phase, since = IN_BODY, self._last_read
+        else:
+            phase, since = (IN_HEAD if self.got_bytes else BEFORE_HEAD), self._head_since
+        deadline = self._limits.deadline(phase, since)
+        if self._loop.time() < deadline:
+            self._timer.arm_by(deadline)
             return
-        what = "response headers" if self._state == HEADERS else "response body data"
-        self._fail(UpstreamTimeout(f"no {what} from the backend within {self._read_timeout:g}s"))
+        self._fail(UpstreamTimeout(f"{self._label}: {self._limits.timed_out(phase)}"))
 
     def _fail(self, exc: UpstreamError) -> None:
         if self._exc is None and self._state in (HEADERS, BODY):
@@ -268,20 +284,62 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self._state
-        if state != HEADERS and state != BODY:
+        if state == BODY:
+            self._last_read = self._loop.time()
+            before = self._buffered
+            self._feed(data)
+            if self._buffered == before and self._state == BODY:
+                self._framing_received(len(data))
+            else:
+                self._framing_bytes = 0
+        elif state == HEADERS:
+            self._head_received(data)
+        else:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
             self._keep_alive = False
             if state == IDLE:
                 self.abort()
+
+    def _head_received(self, data: bytes) -> None:
+        """Feed bytes that begin inside the head; no more than `max_head_bytes` of a head reach
+        the parser, which would otherwise keep growing each field it has not finished."""
+        limits = self._limits
+        if not self.got_bytes:
+            self.got_bytes = True
+            self._head_since = now = self._loop.time()
+            self._timer.arm_by(limits.deadline(IN_HEAD, now))
+        room = limits.max_head_bytes - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            self._feed(data)
             return
-        self._last_read = self._loop.time()
-        self.got_bytes = True
+        view = memoryview(data)
+        self._head_bytes = limits.max_head_bytes
+        self._feed(view[:room])
+        if self._state == HEADERS:
+            msg = f"{self._label}: response head larger than {limits.max_head_bytes} bytes"
+            self._fail(UpstreamProtocolError(msg))
+            return
+        self._feed(view[room:])  # the head ended in time; the rest is body
+
+    def _framing_received(self, size: int) -> None:
+        """Bytes after the head that carried no body: chunk sizes, extensions and trailers. The
+        parser keeps a trailer field whole until it ends, so they are bounded like a head."""
+        self._framing_bytes += size
+        if self._framing_bytes > self._limits.max_head_bytes:
+            limit = self._limits.max_head_bytes
+            self._fail(
+                UpstreamProtocolError(f"{self._label}: over {limit} bytes of chunk framing or trailers")
+            )
+
+    def _feed(self, data: bytes | memoryview) -> None:
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade:
-            self._fail(UpstreamProtocolError("the backend switched protocols"))
+            self._fail(UpstreamProtocolError(f"{self._label}: the backend switched protocols"))
         except HttpParserError as exc:
-            self._fail(UpstreamProtocolError(f"malformed response from the backend: {exc}"))
+            # A limit hit inside a parser callback has already failed the exchange with its reason.
+            self._fail(UpstreamProtocolError(f"{self._label}: malformed response: {exc}"))
 
     def eof_received(self) -> bool:
         if self._state == BODY and not self._head_request and not body_is_delimited(self._headers):
@@ -290,21 +348,34 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._exc is None and self._state == HEADERS and not self.got_bytes:
-            self._exc = UpstreamConnectError("the backend closed the connection before responding")
-        elif self._exc is None and self._state in (HEADERS, BODY):
-            self._exc = UpstreamClosed("the backend closed the connection mid-response")
+        self._timer.cancel()
+        state = self._state
+        if self._exc is None and state in (HEADERS, BODY):
+            # The request went out: the backend may be running it, so this is no connect error
+            # (those are retried) whether or not a response byte came back.
+            if state == BODY:
+                what = "mid-response"
+            elif self.got_bytes:
+                what = "in the middle of the response head"
+            else:
+                what = "before responding"
+            self._exc = UpstreamClosed(f"{self._label}: the backend closed the connection {what}")
         self._wake()
         self._on_closed(self)
 
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._state == HEADERS:  # later calls are trailers, which are dropped
-            self._headers.append((name, value))
+        if self._state != HEADERS:  # trailers, which are dropped
+            return
+        headers = self._headers
+        headers.append((name, value))
+        if len(headers) > self._limits.max_headers:
+            err = UpstreamProtocolError(
+                f"{self._label}: more than {self._limits.max_headers} response header fields"
+            )
+            self._fail(err)
+            raise err  # stops the parser
 
     def on_headers_complete(self) -> None:
         if self._state != HEADERS:  # a second response nobody asked for
@@ -324,6 +395,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._new_parser_needed = True
             self._complete(self._parser.should_keep_alive())
         else:
+            self._last_read = now = self._loop.time()
+            self._timer.arm_by(self._limits.deadline(IN_BODY, now))
             self._wake()
 
     def on_body(self, body: bytes) -> None:

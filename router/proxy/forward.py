@@ -2,43 +2,48 @@
 
 Admission (router.gate) hands out the backend; the request holds its ticket until it ends. The
 relay writes every upstream read to the client as it arrives (bytes as received, never
-re-encoded). A backend may be swapped for another only before the client has seen a byte;
-after that a failure ends the stream with an SSE error event. When the client falls behind
-(router.slowclient) the rest of the stream is decoupled: a producer drains upstream into a
-bounded buffer and the relay feeds the client from it. Every counter taken here is given back in
-`finally`, whatever ends the request: success, upstream failure, client disconnect."""
+re-encoded), under the headers `client_headers` lets through. A backend may be swapped for
+another only while it provably has not started the request (`UpstreamError.retryable`, or vLLM's
+503 from its queue limit): a request once written is never sent again. A non-streamed response's
+status waits for its body to begin, so a backend dying in between still gets the client an error
+envelope; a stream starts at once, and a failure after that ends it with an SSE error event.
+When the client falls behind (router.slowclient) the rest of the stream is decoupled: a producer
+drains upstream into a bounded buffer and the relay feeds the client from it. Every counter taken
+here is given back in `finally`, whatever ends the request: success, upstream failure, client
+disconnect."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from router import health
 from router.asgi import Send
-from router.errors import RouterError, Unavailable, UpstreamConnectError, UpstreamError, error_event
+from router.errors import (
+    RouterError,
+    Unavailable,
+    UpstreamAuthFailed,
+    UpstreamClosed,
+    UpstreamConnectError,
+    UpstreamError,
+    error_event,
+)
 from router.gate import PoolGate, Ticket
+from router.proxy.response_headers import client_headers
 from router.proxy.upstream import UpstreamResponse
 from router.ratelimit import USAGE_TAIL_BYTES
 from router.runtime import Backend, Lane, Runtime
 from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 
-# Hop-by-hop headers describe one connection, not the response; the router's own server sets
-# `date` and frames the body itself.
-_DROP_RESPONSE = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"transfer-encoding",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"proxy-authenticate",
-        b"date",
-        b"server",
-    }
-)
+log = logging.getLogger("lane_router.forward")
+
+# A wrong pool key fails every request: one warning per backend per interval says it.
+AUTH_WARNING_EVERY_S = 60.0
+# Failures before a response that speak of the backend's health, not of one request.
+_SICK = (UpstreamConnectError, UpstreamClosed)
 
 
 @dataclass(slots=True)
@@ -132,12 +137,19 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
         except UpstreamError as err:
             gate.retry_elsewhere(ticket)
             metrics.upstream_errors.labels(pool.name, backend.name, err.code).inc()
-            if isinstance(err, UpstreamConnectError):
+            if isinstance(err, _SICK):
                 health.note_failure(backend, runtime.config.health, runtime.metrics)
+            if err.retryable:  # the request never reached the backend
                 last_error = err
                 continue
             raise
-        if response.status == 503:
+        status = response.status
+        if status == 401 or status == 403:
+            # The backend refused the router's own credentials: not the client's 401/403.
+            gate.retry_elsewhere(ticket)
+            await response.aclose()
+            raise _auth_failed(runtime, backend, status)
+        if status == 503:
             # vLLM's queue limit answers 503 before doing any work: safe to try a sibling.
             metrics.upstream_errors.labels(pool.name, backend.name, "upstream_503").inc()
             gate.retry_elsewhere(ticket)
@@ -152,13 +164,36 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
         return response
 
 
+def auth_warning_due(last: float | None, now: float) -> bool:
+    return last is None or now - last >= AUTH_WARNING_EVERY_S
+
+
+def _auth_failed(runtime: Runtime, backend: Backend, status: int) -> UpstreamAuthFailed:
+    code = UpstreamAuthFailed.code
+    runtime.metrics.upstream_errors.labels(backend.pool, backend.name, code).inc()
+    now = time.monotonic()
+    if auth_warning_due(backend.auth_failure_logged_at, now):
+        backend.auth_failure_logged_at = now
+        log.warning(
+            "backend %s of pool %s answers HTTP %d: it refuses the pool's upstream key "
+            "(upstream_api_key / upstream_api_key_env); further refusals stay silent for %gs",
+            backend.name,
+            backend.pool,
+            status,
+            AUTH_WARNING_EVERY_S,
+        )
+    return UpstreamAuthFailed(f"{backend.label}: the backend refused the router's credentials")
+
+
 async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
+    headers, is_sse = client_headers(response.headers, ex.response_headers)
+    if not is_sse:
+        # A status once sent cannot be taken back: wait until the body begins, so a backend
+        # that fails in between still gets the client an error envelope, not a 200 cut short.
+        await response.wait_body()
     ex.status = response.status
-    headers = [(k, v) for k, v in response.headers if k.lower() not in _DROP_RESPONSE]
-    headers.extend(ex.response_headers)
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
-    is_sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
     seen = _ChunkLog(ex, is_sse)
     if ex.lane.config.decouple:
         await _relay_decoupled(runtime, response, send, seen)

@@ -15,12 +15,14 @@ from router.asgi import Message, Receive, Send
 from router.auth import ApiKey
 from router.balance import Affinity, AffinityKey
 from router.classify import Classification, Signals, classify, parse_class_header
-from router.errors import NotFound, PayloadTooLarge, RouterError, Unavailable
+from router.errors import BadRequest, NotFound, PayloadTooLarge, RouterError, Unavailable
 from router.facts import PREFIX_BLOCK_CHARS, Endpoint, RequestFacts, parse_facts
 from router.gate import Ticket
 from router.metrics import RouteMetrics
 from router.proxy.forward import Exchange, forward
 from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
+from router.requestfields import check_fields
+from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
 from router.tokens import CHARS_PER_TOKEN
@@ -30,6 +32,11 @@ WATCH_AFTER_S = 0.02
 
 class ClientGone(Exception):
     """The client disconnected; nothing more is to be sent."""
+
+
+# Headers that decide who a request is and where it goes: a second copy is refused, since
+# proxies in front of the router and the router itself could each read a different one.
+_SINGLE = frozenset({b"authorization", b"x-request-class", b"x-client-id", b"x-session-id"})
 
 
 class Headers:
@@ -53,8 +60,13 @@ class Headers:
         self.accept: bytes | None = None
         self.session_id: bytes | None = None
         self.client_id: bytes | None = None
+        seen: set[bytes] = set()
         for name, value in raw:
             n = name.lower()
+            if n in _SINGLE:
+                if n in seen:
+                    raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
+                seen.add(n)
             if n == b"authorization":
                 self.authorization = value
             elif n == b"content-length":
@@ -76,6 +88,12 @@ def request_id(supplied: bytes | None) -> bytes:
     if supplied and len(supplied) <= 128 and all(33 <= ch <= 126 for ch in supplied):
         return supplied
     return os.urandom(12).hex().encode()
+
+
+def upstream_request_id(key: ApiKey, rid: bytes) -> bytes:
+    """The id vLLM sees, under the key's name: vLLM names the request after it, and two
+    tenants choosing the same id must not meet there. Key names cannot contain ':'."""
+    return key.name.encode() + b":" + rid
 
 
 async def read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
@@ -164,6 +182,8 @@ async def handle(
     key = runtime.keys.authenticate(headers.authorization)
     body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
     facts = parse_facts(endpoint, body, runtime.counter)
+    check_fields(endpoint, facts.body, key.fields)
+    check_key_output(facts, key.fields.max_tokens)
     key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
@@ -178,16 +198,24 @@ async def handle(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",
         )
-    refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.max_tokens)
+    refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.output_tokens)
     if refused is not None:
         raise refused
+    pool_cfg = lane.pool.config
+    bound = output_bound(
+        facts, OutputCaps(lane.config.max_output_tokens, key.fields.max_tokens, pool_cfg.vllm.max_model_len)
+    )
+    priority = lane.config.priority if pool_cfg.vllm.scheduling_policy == "priority" else None
     extra = [(b"x-request-id", rid)]
     if runtime.config.debug_headers:
         extra += [
             (b"x-lane-router-class", decision.cls.value.encode()),
             (b"x-lane-router-lane", lane.name.encode()),
             (b"x-lane-router-reason", decision.reason.value.encode()),
+            (b"x-lane-router-prompt-tokens", b"%d" % facts.prompt_tokens),
         ]
+        if bound is not None:
+            extra.append((b"x-lane-router-max-tokens", b"%d" % bound))
     rm = runtime.metrics.route(decision.cls.value, lane.name, lane.pool.name)
     ticket = Ticket(
         lane=lane,
@@ -197,8 +225,8 @@ async def handle(
     ex = Exchange(
         lane=lane,
         target=target,
-        body=body,
-        request_id=rid,
+        body=upstream_body(facts, bound, priority, key.cache_salt),
+        request_id=upstream_request_id(key, rid),
         accept=headers.accept,
         ticket=ticket,
         started=started,
@@ -211,7 +239,8 @@ async def handle(
     if key.rpm is None and key.tpm is None and key.max_concurrency is None:
         await _run_watched(runtime, ex, rm, receive, send)
         return
-    await _run_limited(runtime, ex, rm, key, facts, receive, send)
+    cost = estimate_tokens(facts.prompt_tokens, bound, facts.sequences)
+    await _run_limited(runtime, ex, rm, key, cost, receive, send)
 
 
 async def _run_limited(
@@ -219,14 +248,14 @@ async def _run_limited(
     ex: Exchange,
     rm: RouteMetrics,
     key: ApiKey,
-    facts: RequestFacts,
+    cost: int,
     receive: Receive,
     send: Send,
 ) -> None:
-    """The key's rate limits around the request: refused before anything is taken; charged an
-    estimate, corrected by the response's usage; refunded when the router served nothing."""
+    """The key's rate limits around the request: refused before anything is taken; charged its
+    upper bound, corrected by the response's usage; refunded when the router served nothing."""
     limits = Limits(key.rpm, key.tpm, key.max_concurrency)
-    charged = estimate_tokens(facts.prompt_tokens, facts.max_tokens) if key.tpm is not None else 0
+    charged = cost if key.tpm is not None else 0
     store = runtime.rates
     verdict = await store.acquire(key.name, limits, charged, time.monotonic())
     if not verdict.allowed:

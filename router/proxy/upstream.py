@@ -9,13 +9,18 @@
         await response.aclose()          # keep-alive if fully read, else the socket closes at once
 
 Plain TCP only. Idle connections are reused most-recent first, so surplus ones age out after
-`idle_expiry`; the backend closing an idle one is noticed at once and it leaves the pool.
+`idle_expiry`; the backend closing an idle one is noticed at once and it leaves the pool. Keep
+`idle_expiry` below the backend's own keep-alive timeout (uvicorn's, under vLLM, is 5 s): a request
+written just as the backend closes the connection is lost, and is never sent a second time — the
+backend may have started it (`UpstreamClosed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ from types import TracebackType
 from router.errors import UpstreamConnectError
 from router.proxy.connection import UpstreamConnection
 from router.proxy.http1 import build_head, parse_origin
+from router.proxy.limits import ResponseLimits
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
 _TIMER_SLACK = 0.005
@@ -39,7 +45,11 @@ class PoolStats:
 
 
 class UpstreamPool:
-    """Keep-alive connection pool to one origin (http://host:port), HTTP/1.1 over plain TCP."""
+    """Keep-alive connection pool to one origin (http://host:port), HTTP/1.1 over plain TCP.
+
+    Time and size limits are those of `ResponseLimits`; `head_timeout` defaults to `read_timeout`.
+    `label` names the origin in error messages (default: the origin itself); those messages may
+    reach clients, so a caller that must not show addresses passes a label without one."""
 
     def __init__(
         self,
@@ -49,17 +59,29 @@ class UpstreamPool:
         max_idle: int = 256,
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
-        idle_expiry: float = 30.0,
+        head_timeout: float | None = None,
+        head_read_timeout: float = 10.0,
+        idle_expiry: float = 4.0,
+        max_head_bytes: int = 64 * 1024,
+        max_headers: int = 100,
+        label: str | None = None,
     ) -> None:
         if max_connections < 1 or max_idle < 0:
             raise ValueError("max_connections must be ≥ 1 and max_idle ≥ 0")
-        if min(connect_timeout, read_timeout, idle_expiry) <= 0:
+        if min(connect_timeout, idle_expiry) <= 0:
             raise ValueError("timeouts and idle_expiry must be > 0")
         self._origin = parse_origin(origin)
+        self._label = label if label is not None else str(self._origin)
+        self._limits = ResponseLimits(
+            head_timeout=read_timeout if head_timeout is None else head_timeout,
+            head_read_timeout=head_read_timeout,
+            read_timeout=read_timeout,
+            max_head_bytes=max_head_bytes,
+            max_headers=max_headers,
+        )
         self._max_connections = max_connections
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
         self._idle_expiry = idle_expiry
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: deque[UpstreamConnection] = deque()  # oldest left, most recently used right
@@ -94,25 +116,17 @@ class UpstreamPool:
     ) -> UpstreamResponse:
         """Send the request; return once the status line and headers arrived.
 
-        Raises UpstreamConnectError (refused, connect timeout, pool exhausted, or the backend
-        closed the connection before any response byte), UpstreamTimeout (no header byte
-        within read_timeout), UpstreamProtocolError, UpstreamClosed.
+        Raises UpstreamConnectError when the request was never written (refused, connect timeout,
+        pool exhausted or closed): only then is it safe to send it elsewhere. Once written it
+        is never sent again: UpstreamClosed (the connection closed or reset before or during the
+        response head), UpstreamTimeout (no head in time), UpstreamProtocolError (broken or
+        oversized head). An idle connection the backend already closed is skipped, not written to.
         """
         head = build_head(method, target, headers, len(body), self._origin.host_header)
-        head_request = method == b"HEAD"
         conn = self._lease_idle()
-        reused = conn is not None
         if conn is None:
-            conn, reused = await self._acquire(fresh=False)
-        try:
-            return await self._exchange(conn, head, body, head_request)
-        except UpstreamConnectError:
-            if not reused:
-                raise
-            # A kept-alive connection the backend closed just as the request went out; the
-            # request most likely never reached it, so retry once on a fresh connection.
-        conn, _ = await self._acquire(fresh=True)
-        return await self._exchange(conn, head, body, head_request)
+            conn = await self._acquire()
+        return await self._exchange(conn, head, body, method == b"HEAD")
 
     async def aclose(self) -> None:
         """Close idle connections, abort leased ones and fail waiting requests."""
@@ -153,23 +167,19 @@ class UpstreamPool:
             raise
         return UpstreamResponse(self, conn)
 
-    async def _acquire(self, *, fresh: bool) -> tuple[UpstreamConnection, bool]:
-        """A connection leased to the caller, and whether it was reused from the idle pool."""
+    async def _acquire(self) -> UpstreamConnection:
+        """A connection leased to the caller: an idle one, else a new one once there is room."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
             if self._closed:
-                raise UpstreamConnectError(f"the connection pool for {self._origin} is closed")
-            if not fresh:
-                conn = self._lease_idle()
-                if conn is not None:
-                    return conn, True
-            if len(self._leased) + self._connecting + len(self._idle) < self._max_connections:
-                break
-            if self._idle:  # a fresh connection is wanted: make room by retiring an idle one
-                self._retire(self._idle.popleft())
+                raise UpstreamConnectError(f"{self._label}: the connection pool is closed")
+            conn = self._lease_idle()  # leaves no idle connection behind when it finds none
+            if conn is not None:
+                return conn
+            if len(self._leased) + self._connecting < self._max_connections:
                 break
             if deadline is None:
                 deadline = loop.time() + self._connect_timeout
@@ -184,21 +194,21 @@ class UpstreamPool:
         self._connecting -= 1
         if self._closed:  # closed while connecting
             conn.abort()
-            raise UpstreamConnectError(f"the connection pool for {self._origin} is closed")
+            raise UpstreamConnectError(f"{self._label}: the connection pool is closed")
         self._leased.add(conn)
-        return conn, False
+        return conn
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> UpstreamConnection:
-        conn = UpstreamConnection(loop, self._read_timeout, self._on_conn_closed)
+        conn = UpstreamConnection(loop, self._limits, self._label, self._on_conn_closed)
         origin = self._origin
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await loop.create_connection(lambda: conn, origin.host, origin.port)
         except TimeoutError:
-            msg = f"connecting to {origin} timed out after {self._connect_timeout:g}s"
+            msg = f"{self._label}: connecting timed out after {self._connect_timeout:g}s"
             raise UpstreamConnectError(msg) from None
         except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {origin}: {exc}") from exc
+            raise UpstreamConnectError(f"{self._label}: cannot connect: {_reason(exc)}") from exc
         return conn
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
@@ -214,7 +224,7 @@ class UpstreamPool:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(fut)
             if isinstance(exc, TimeoutError):
-                msg = f"pool exhausted: {self._max_connections} connections to {self._origin} in use"
+                msg = f"{self._label}: pool exhausted: {self._max_connections} connections in use"
                 raise UpstreamConnectError(msg) from None
             raise
 
@@ -285,6 +295,13 @@ class UpstreamPool:
             self._wake_one()
 
 
+def _reason(exc: OSError) -> str:
+    """What went wrong, without the address the event loop writes into its messages."""
+    if isinstance(exc, socket.gaierror):
+        return "name resolution failed"
+    return os.strerror(exc.errno).lower() if exc.errno and exc.errno > 0 else "connection failed"
+
+
 class UpstreamResponse:
     """Status and headers of an upstream response; its body is read by iterating or `read()`.
 
@@ -312,6 +329,18 @@ class UpstreamResponse:
         """Body bytes received from the backend but not yet consumed (how far the reader lags)."""
         conn = self._conn
         return 0 if conn is None else conn.buffered
+
+    async def wait_body(self) -> None:
+        """Until the body has begun to arrive or has ended (an empty body): a failure before
+        that is raised here, while the caller has not yet answered its own client."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            await conn.wait_body()
+        except BaseException:
+            self._release()
+            raise
 
     def __aiter__(self) -> UpstreamResponse:
         return self

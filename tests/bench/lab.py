@@ -76,6 +76,7 @@ def two_pools(
     data: dict[str, Any] = {
         "profile": name,
         "debug_headers": True,
+        "tokenizer": "simulator",  # the engines are simulated: count prompts as they do
         "health": {"interval_s": 0.2, "timeout_s": 1.0},
         "pools": {
             "interactive": {"backends": interactive, "model": MODEL, "vllm": vllm},

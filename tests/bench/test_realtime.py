@@ -13,7 +13,7 @@ from router.bench.outcome import Outcome
 from router.bench.realtime import RealtimeOptions, run_realtime
 from router.bench.report import summarize
 from router.config.load import parse_profile
-from router.server import build_state, make_app
+from router.server import build_state
 from router.settings import Settings
 from router.sim.profile import profile_specs
 from router.sim.serve import SimCluster
@@ -37,7 +37,7 @@ async def test_a_short_mixed_run_through_the_router() -> None:
     trace = generate(workload, model=MODEL, rate=10, duration=2.5)
     assert {r.cls for r in trace.requests()} == set(workload.class_names())  # the seed shows all six
     async with SimCluster(profile_specs(cfg, load_preset("cpu-tiny"))), server_group() as group:
-        url = await group.start(make_app(build_state(cfg, None), Settings(watch_config=False)))
+        url = await group.serve_router(build_state(cfg, None), Settings(watch_config=False))
         await wait_ready(url)
         outcomes = await run_realtime(trace, Endpoint(url, KEY), RealtimeOptions(drain_s=30, progress=False))
 

@@ -1,9 +1,10 @@
-"""The six profiles of config/profiles/: valid, comparable, and runnable against simulated pools."""
+"""The six profiles of config/profiles/: valid, comparable, and runnable against simulated pools;
+and no profile or document we ship holds a key, only the variables that name one."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from router.auth import hash_key, new_key
 from router.cli import main
 from router.config.load import load_profile
 from router.config.models import ALL_CLASSES
@@ -28,8 +30,32 @@ NAMES = (
     "class-aware",
 )
 BACKENDS = [f"http://127.0.0.1:{port}" for port in range(8101, 8109)]
-DEMO_KEY = "demo-key"
-ENV_KEYS = ("LANE_ROUTER_KEY_WEB_SHA256", "LANE_ROUTER_KEY_BATCH_SHA256", "LANE_ROUTER_KEY_OPS_SHA256")
+ENV_KEYS = (
+    "LANE_ROUTER_KEY_TESTER_SHA256",
+    "LANE_ROUTER_KEY_WEB_SHA256",
+    "LANE_ROUTER_KEY_BATCH_SHA256",
+    "LANE_ROUTER_KEY_OPS_SHA256",
+)
+REPO = PROFILES.parents[1]
+SHIPPED_PROFILES = (
+    *sorted(PROFILES.glob("*.yaml")),
+    REPO / "router" / "data" / "demo-profile.yaml",
+    REPO / "deploy" / "example-profile.yaml",
+)
+SHIPPED_TEXT = tuple(
+    sorted(
+        p
+        for pattern in (
+            "config/**/*.yaml",
+            "router/data/*.yaml",
+            "deploy/**/*.y*ml",
+            "deploy/*.md",
+            "docs/*.md",
+            "*.md",
+        )
+        for p in REPO.glob(pattern)
+    )
+)
 
 
 def path(name: str) -> Path:
@@ -56,15 +82,49 @@ def test_same_eight_backends_same_model_as_the_simulator(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_intent_comment_and_keys(name: str) -> None:
+def test_intent_comment_and_how_to_make_keys(name: str) -> None:
     text = path(name).read_text()
     assert text.startswith(f"# {name} — ")
-    assert "demo-key" in text and "DEMO" in text
+    assert "lane-router hash-key --new" in text
     cfg = load_profile(path(name))
-    demo = [k for k in cfg.keys if k.sha256 is not None]
-    assert [k.name for k in demo] == ["demo"]
-    assert demo[0].sha256 == hashlib.sha256(DEMO_KEY.encode()).hexdigest()
-    assert all(k.sha256_env for k in cfg.keys if k.name != "demo")
+    assert [k.sha256_env for k in cfg.keys] == list(ENV_KEYS)
+    assert [k.name for k in cfg.keys if k.may_set_class] == ["tester"]
+
+
+@pytest.mark.parametrize("shipped", SHIPPED_PROFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_profile_loads_and_holds_no_literal_key(shipped: Path) -> None:
+    cfg = load_profile(shipped)
+    assert [k.name for k in cfg.keys if k.sha256 is not None] == []
+
+
+@pytest.mark.parametrize("shipped", SHIPPED_TEXT, ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_shipped_holds_a_literal_key_or_names_the_old_demo_key(shipped: Path) -> None:
+    text = shipped.read_text(encoding="utf-8")
+    assert "demo-key" not in text and hash_key("demo-key") not in text
+    if shipped.suffix in (".yaml", ".yml"):
+        assert [k for doc in yaml.safe_load_all(text) for k in literal_keys(doc)] == []
+
+
+def literal_keys(node: Any) -> Iterator[dict[str, Any]]:
+    """Every entry of a `keys:` list with a literal sha256, in a document or a profile embedded
+    in it as text (a ConfigMap's data, a compose config's content)."""
+    if isinstance(node, dict):
+        keys = node.get("keys")
+        if isinstance(keys, list):
+            yield from (k for k in keys if isinstance(k, dict) and "sha256" in k)
+        for value in node.values():
+            yield from literal_keys(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from literal_keys(item)
+    elif isinstance(node, str) and "\nkeys:" in node:
+        yield from literal_keys(yaml.safe_load(node.replace("$$", "$")))
+
+
+def test_the_literal_key_scan_can_fail() -> None:
+    embedded = {"data": {"profile.yaml": "profile: x\nkeys:\n  - {name: a, sha256: " + "1" * 64 + "}\n"}}
+    by_env = {"keys": [{"name": "b", "sha256_env": "B"}]}
+    assert [k["name"] for k in literal_keys([embedded, by_env])] == ["a"]
 
 
 def test_the_profiles_differ_as_the_source_lab_says() -> None:
@@ -112,11 +172,12 @@ def requests(model: str, long_tokens: int) -> dict[str, tuple[dict[str, str], di
 
 @pytest.mark.parametrize("name", NAMES)
 async def test_every_class_is_served_by_its_lane(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ENV_KEYS:
-        monkeypatch.setenv(var, hashlib.sha256(var.encode()).hexdigest())
+    keys = {var: new_key() for var in ENV_KEYS}
+    for var, key in keys.items():
+        monkeypatch.setenv(var, hash_key(key))
     data = yaml.safe_load(path(name).read_text())
     data["debug_headers"] = True
-    auth = {"authorization": f"Bearer {DEMO_KEY}"}
+    auth = {"authorization": f"Bearer {keys['LANE_ROUTER_KEY_TESTER_SHA256']}"}
     async with sim_stack(data, timing=FAST) as stack, stack.client() as client:
         model = data["pools"][next(iter(data["pools"]))]["model"]
         lanes = stack.state.runtime.lanes

@@ -7,11 +7,13 @@ from typing import Any
 
 import yaml
 
+from router.auth import hash_key
 from router.config.load import load_profile, parse_profile
 from router.config.models import ProfileConfig
 from tests.deploy.tools import EXAMPLE_PROFILE
 
-HASH = "ab" * 32
+# A literal key the renderers accept: `lane-router render` refuses guessable ones (router/keyhygiene.py).
+HASH = hash_key("app-key-of-the-deployment-tests")
 
 
 def example() -> ProfileConfig:

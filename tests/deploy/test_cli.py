@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from router.auth import hash_key
 from router.cli import main
 from router.deploy.render_vllm import serve_plan, serve_script
 from tests.deploy.samples import example, small
@@ -81,3 +82,35 @@ def test_an_invalid_profile_exits_2_with_its_problems(
     assert main(["render", "vllm", str(write(tmp_path, data))]) == 2
 
     assert "pools.chat.vllm.max_num_batched_tokens: must be ≥ max_num_seqs (4096)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["vllm", "compose", "k8s"])
+def test_a_literal_key_anyone_can_use_is_refused_and_nothing_is_written(
+    tmp_path: Path, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = small()
+    data["keys"] += [
+        {"name": "demo", "sha256": hash_key("demo-key"), "may_set_class": True},
+        {"name": "filler", "sha256": "deadbeef" * 8},
+    ]
+    out = tmp_path / "out"
+
+    assert main(["render", target, str(write(tmp_path, data)), "--out", str(out)]) == 2
+
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith(f"lane-router render {target}: refusing to render ")
+    assert lines[1].startswith("  keys[2].sha256: key 'demo' is the sha256 of 'demo-key'")
+    assert lines[2].startswith("  keys[3].sha256: key 'filler' is a placeholder")
+    assert len(lines) == 3 and all("lane-router hash-key --new" in line for line in lines[1:])
+    assert not out.exists()
+
+
+def test_environment_keys_are_left_to_where_the_deployment_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPS_SHA256", hash_key("EMPTY"))  # this machine's, not the deployment's
+    out = tmp_path / "out"
+
+    assert main(["render", "k8s", str(write(tmp_path, small())), "--out", str(out)]) == 0
+
+    assert (out / "lane-router.yaml").exists()

@@ -12,12 +12,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from router.auth import build_keys
+from router.auth import build_keys, hash_key
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
 from router.config.render import RenderError
 from router.deploy.plan import plan_pools, router_secret_envs
 from router.deploy.render_k8s import K8sOptions, render_k8s
+from router.keyhygiene import key_issues
 from tests.deploy.samples import cfg, example, small
 from tests.deploy.tools import K8S_VERSIONS
 
@@ -226,6 +227,17 @@ def test_the_router_refuses_to_start_on_the_key_hash_placeholders() -> None:
 
     with pytest.raises(ValueError, match=f"key {first.name!r}: no valid sha256"):
         build_keys(profile.keys, placeholders)
+
+
+def test_a_key_hash_placeholder_hashed_instead_of_replaced_is_refused_too() -> None:
+    placeholders = one(manifests(), "Secret", "lane-router-secrets")["stringData"]
+    profile = deployed_profile(manifests())
+    environ = {name: hash_key(value) for name, value in placeholders.items()}
+
+    issues = key_issues(profile.keys, environ)
+
+    assert [i.path for i in issues] == [f"keys[{i}].sha256_env" for i in range(len(profile.keys))]
+    assert all("a placeholder" in i.message for i in issues)
 
 
 def test_only_router_pods_may_reach_the_shared_state() -> None:

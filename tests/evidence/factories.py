@@ -18,7 +18,7 @@ from router.config.load import parse_profile
 from router.config.models import ProfileConfig, RequestClass
 from router.config.vllm import VllmSettings
 from router.evidence.boundary import security_boundary_note
-from router.evidence.build import new_record, serving_configuration, workload_sha256
+from router.evidence.build import knobs_hash, new_record, serving_configuration, workload_sha256
 from router.evidence.records import (
     CapacityEvidenceRecord,
     LatencySummary,
@@ -28,7 +28,7 @@ from router.evidence.records import (
     ServingConfiguration,
     TokenRange,
     WarmupState,
-    parse_record,
+    dump_record,
 )
 from router.evidence.targets import Target
 
@@ -103,7 +103,12 @@ def profile_b() -> ProfileConfig:
 
 def record_a() -> CapacityEvidenceRecord:
     """The measurement of config A's chat slice."""
-    cfg = profile_a()
+    return measured(config_a())
+
+
+def measured(settings: VllmSettings) -> CapacityEvidenceRecord:
+    """The chat slice of config A's measurement, taken on a pool with `settings`."""
+    cfg = example_profile(settings, max_in_flight=8, max_prompt=2048, max_output=512)
     return new_record(
         cfg.pools[POOL],
         warmup=WarmupState.DONE,
@@ -142,15 +147,46 @@ BASE_TARGET = Target(max_input_tokens=2048, max_output_tokens=512, concurrency=8
 
 
 def evolve(record: CapacityEvidenceRecord, changes: dict[str, Any]) -> CapacityEvidenceRecord:
-    """A new, validated record: `record` with the dotted paths of `changes` set."""
+    """A new, validated record in memory: `record` with the dotted paths of `changes` set.
+
+    Not read from a file: a record whose knobs no longer match its configuration hash is fine for
+    the decision's unit tests, but a store refuses it (see `rehashed`).
+    """
     data = record.model_dump(mode="json", exclude={"record_id"})
+    _set_paths(data, changes)
+    return CapacityEvidenceRecord.model_validate(data)
+
+
+def rehashed(record: CapacityEvidenceRecord) -> CapacityEvidenceRecord:
+    """`record` with the configuration hash of its own knobs, as a measurement of them would have."""
+    return evolve(record, {"identity.server_configuration_hash": knobs_hash(record.configuration)})
+
+
+def edited(record: CapacityEvidenceRecord, changes: dict[str, Any], *, restate_id: bool = False) -> bytes:
+    """The file of `record` edited by hand: the dotted paths of `changes` set (a value of
+    `DELETE` removes the field), the stated id kept as it was — or, with `restate_id`, replaced
+    by the hash of the edited content, as a forger would."""
+    data = orjson.loads(dump_record(record))
+    _set_paths(data, changes)
+    if restate_id:
+        content = {key: value for key, value in data.items() if key != "record_id"}
+        data["record_id"] = "sha256:" + _digest(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+
+
+DELETE = object()
+
+
+def _set_paths(data: dict[str, Any], changes: dict[str, Any]) -> None:
     for path, value in changes.items():
         *parents, leaf = path.split(".")
         node = data
         for part in parents:
             node = node[part]
-        node[leaf] = value
-    return parse_record(orjson.dumps(data))
+        if value is DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
 
 
 def base_record() -> CapacityEvidenceRecord:

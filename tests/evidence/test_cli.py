@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -8,7 +9,16 @@ import yaml
 
 from router.cli import main
 from router.evidence.store import EvidenceStore
-from tests.evidence.factories import base_record, config_a, config_b, evolve, example_profile_data
+from tests.evidence.bad_evidence import CASES, RECORD_CASES, BadEvidence, assert_refused
+from tests.evidence.factories import (
+    base_record,
+    config_a,
+    config_b,
+    evolve,
+    example_profile_data,
+    measured,
+    rehashed,
+)
 
 
 @pytest.fixture
@@ -126,16 +136,32 @@ def test_decide_target_and_slo_overrides(
     assert main(_decide(slow, profiles[0], "--slo", "p95_ttft_ms=none")) == 0
 
 
-@pytest.mark.parametrize("slo", ["p95_ttft_ms", "latency=3", "max_errors=-1", "max_errors=x"])
-def test_decide_refuses_a_bad_slo_with_exit_2(
-    slo: str,
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        *(("--slo", slo, "--slo") for slo in ("p95_ttft_ms", "latency=3", "max_errors=-1", "max_errors=x")),
+        ("--class-mix", "chat", "--class-mix 'chat': expected CLASS=SHARE"),
+        ("--class-mix", "chat=x", "--class-mix 'chat=x': expected CLASS=SHARE"),
+        ("--class-mix", "poetry=1", "--class-mix 'poetry=1': expected CLASS=SHARE, CLASS one of chat,"),
+        ("--class-mix", "chat=0.5,chat=0.5", "--class-mix: chat is given twice"),
+        ("--class-mix", "chat=0.5,rag=0.4", "--class-mix: shares must add up to 1"),
+        ("--class-mix", "chat=1.5", "--class-mix: share of 'chat' must be in (0, 1]"),
+        ("--class-mix", "chat=nan", "--class-mix: share of 'chat' must be in (0, 1]"),
+    ],
+)
+def test_decide_refuses_a_bad_option_with_exit_2_in_one_line(
+    option: str,
+    value: str,
+    problem: str,
     store: EvidenceStore,
     profiles: tuple[Path, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = store.add(base_record())
-    assert main(_decide(path, profiles[0], "--slo", slo)) == 2
-    assert "--slo" in capsys.readouterr().err
+    assert main(_decide(path, profiles[0], option, value)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lane-router evidence: {problem}")
+    assert len(err.splitlines()) == 1
 
 
 def test_decide_refuses_unreadable_inputs_with_exit_2(
@@ -159,21 +185,17 @@ def test_diff_lists_changed_fields_and_fired_triggers(
     store: EvidenceStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a = base_record()
-    b = evolve(
-        a,
-        {
-            "context.knobs.max_num_seqs": 16,
-            "measured_slice.concurrency": 16,
-            "identity.server_configuration_hash": "sha256:" + "3" * 64,
-        },
-    )
+    b = rehashed(evolve(a, {"context.knobs.max_num_seqs": 16, "measured_slice.concurrency": 16}))
     pa, pb = store.add(a), store.add(b)
     assert main(["evidence", "diff", str(pa), str(pb)]) == 1
     out = capsys.readouterr().out.splitlines()
     changed = {line.split()[0]: line.split()[1:] for line in out[1:-1]}
     assert changed == {
         "context.knobs.max_num_seqs": ["8", "16"],
-        "identity.server_configuration_hash": [a.identity.server_configuration_hash, "sha256:" + "3" * 64],
+        "identity.server_configuration_hash": [
+            a.identity.server_configuration_hash,
+            b.identity.server_configuration_hash,
+        ],
         "measured_slice.concurrency": ["8", "16"],
     }
     assert out[-1] == ("retest triggers (A's evidence for B): config_hash, batching_limits, concurrency")
@@ -188,3 +210,105 @@ def test_diff_of_a_record_with_itself_is_empty(
         "no field differs",
         "retest triggers (A's evidence for B): none",
     ]
+
+
+@pytest.mark.parametrize("build", CASES.values(), ids=CASES.keys())
+def test_show_refuses_an_unusable_store_with_exit_2(
+    build: Callable[[Path], BadEvidence], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = build(tmp_path)
+    assert main(["evidence", "show", str(bad.store)]) == 2
+    assert_refused(capsys.readouterr().err, bad, "evidence")
+
+
+@pytest.mark.parametrize("build", RECORD_CASES.values(), ids=RECORD_CASES.keys())
+def test_decide_refuses_an_unusable_record_with_exit_2_not_a_decision(
+    build: Callable[[Path], BadEvidence],
+    tmp_path: Path,
+    profiles: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bad = build(tmp_path)
+    assert main(_decide(bad.record, profiles[0])) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_refused(err, bad, "evidence")
+
+
+@pytest.mark.parametrize("build", RECORD_CASES.values(), ids=RECORD_CASES.keys())
+def test_diff_refuses_an_unusable_record_on_either_side_with_exit_2(
+    build: Callable[[Path], BadEvidence], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = build(tmp_path)
+    good = EvidenceStore(tmp_path / "good").add(base_record())
+    for pair in ((good, bad.record), (bad.record, good)):
+        assert main(["evidence", "diff", str(pair[0]), str(pair[1])]) == 2
+        assert_refused(capsys.readouterr().err, bad, "evidence")
+
+
+def _on_revision(tmp_path: Path, revision: str) -> tuple[Path, Path]:
+    """A record of config A's chat slice and config A's profile, both at `revision`."""
+    settings = config_a().model_copy(update={"model_revision": revision})
+    record = EvidenceStore(tmp_path / "evidence").add(measured(settings))
+    profile = tmp_path / "profile.yaml"
+    data = example_profile_data(settings, max_in_flight=8, max_prompt=2048, max_output=512)
+    profile.write_text(yaml.safe_dump(data))
+    return record, profile
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "5f1e0c2"])
+def test_decide_defers_a_revision_that_is_no_content_hash_and_says_so(
+    revision: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record, profile = _on_revision(tmp_path, revision)
+    assert main(_decide(record, profile)) == 3
+    table = _table(capsys.readouterr().out)
+    assert (table["provenance_state"], table["reason_class"]) == ("incomplete", "provenance_incomplete")
+    gaps = table["provenance_gaps"].split("; ")
+    assert [gap.split(" ", 1)[0] for gap in gaps] == ["model_revision", "current.model_revision"]
+    assert all(
+        f"{revision!r} is not an immutable revision (a branch or tag name moves)" in gap for gap in gaps
+    )
+
+
+@pytest.mark.parametrize("revision", ["0123456789abcdef0123456789abcdef01234567", "sha256:" + "ab" * 32])
+def test_decide_passes_a_revision_pinned_by_content(
+    revision: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record, profile = _on_revision(tmp_path, revision)
+    assert main(_decide(record, profile)) == 0
+    assert _table(capsys.readouterr().out)["provenance_gaps"] == "-"
+
+
+@pytest.mark.parametrize(
+    ("mix", "code", "triggers"),
+    [
+        ("chat=1", 0, "-"),
+        ("chat=0.5,rag=0.5", 3, "class_mix"),
+        ("chat=0.95,rag=0.05", 3, "class_mix"),  # rag was never measured, however small its share
+    ],
+)
+def test_decide_holds_the_record_to_a_stated_class_mix(
+    mix: str,
+    code: int,
+    triggers: str,
+    store: EvidenceStore,
+    profiles: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = store.add(base_record())  # measured chat only
+    assert main(_decide(path, profiles[0], "--class-mix", mix)) == code
+    table = _table(capsys.readouterr().out)
+    assert table["triggers"] == triggers
+    assert table["target"].endswith(" mix " + mix)
+
+
+def test_a_mix_within_the_tolerance_of_the_measured_one_is_covered(
+    store: EvidenceStore, profiles: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed = {"measured_slice.class_mix": {"chat": 0.6, "rag": 0.4}}
+    path = store.add(evolve(base_record(), mixed))
+    assert main(_decide(path, profiles[0], "--class-mix", "chat=0.65,rag=0.35")) == 0
+    capsys.readouterr()
+    assert main(_decide(path, profiles[0], "--class-mix", "chat=0.8,rag=0.2")) == 3
+    assert _table(capsys.readouterr().out)["triggers"] == "class_mix"

@@ -1,4 +1,4 @@
-"""The eight reference cases of SOURCES §2 point 11, and the rules around them."""
+"""The eight reference cases of the decision (docs/evidence.md), and the rules around them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from router.config.vllm import VllmSettings
 from router.evidence.decide import DECISION_FIELDS, Decision, decide, no_evidence
+from router.evidence.provenance import GapKind
 from router.evidence.records import CapacityEvidenceRecord, ServingConfiguration
 from router.evidence.targets import SloMetric, SloTargets, Target
 from router.evidence.triggers import RetestTrigger
@@ -30,6 +31,9 @@ class Case:
     expected: tuple[str, ...]
     triggers: tuple[RetestTrigger, ...] = ()
     misses: tuple[SloMetric, ...] = ()
+
+
+COMMIT_A = config_a().model_revision or ""
 
 
 def _settings_a(**changes: object) -> VllmSettings:
@@ -202,6 +206,27 @@ def test_incomplete_provenance_names_the_missing_fields_on_both_sides() -> None:
     decision = decide(record, BASE_TARGET, current_for(_settings_a(model_revision=None)), SloTargets())
     assert decision.missing_identity == ("model_revision", "current.model_revision")
     assert decision.reason_class == "provenance_incomplete"
+
+
+@pytest.mark.parametrize(
+    ("record_revision", "current_revision", "gaps"),
+    [
+        ("main", "main", ("model_revision", "current.model_revision")),
+        (COMMIT_A, "v1.0", ("current.model_revision",)),
+        ("v1.0", COMMIT_A, ("model_revision",)),
+    ],
+)
+def test_a_revision_that_names_no_fixed_weights_is_incomplete_provenance(
+    record_revision: str, current_revision: str, gaps: tuple[str, ...]
+) -> None:
+    record = evolve(base_record(), {"identity.model_revision": record_revision})
+    current = current_for(_settings_a(model_revision=current_revision))
+    decision = decide(record, BASE_TARGET, current, SloTargets())
+    assert (decision.final_decision, decision.reason_class) == ("DEFER", "provenance_incomplete")
+    assert tuple(gap.field for gap in decision.provenance_gaps) == gaps
+    assert {gap.kind for gap in decision.provenance_gaps} == {GapKind.MOVING_REVISION}
+    assert decision.missing_identity == ()
+    assert decision.retest_state == "required"
 
 
 def test_the_served_model_name_is_an_alias_not_identity() -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from router.cli import main
+from router.config.models import RequestClass
 from router.config.vllm import VllmSettings
 from router.evidence.store import EvidenceStore
-from tests.evidence.factories import config_a, config_b, example_profile_data, record_a
+from tests.evidence.bad_evidence import CASES, BadEvidence, assert_refused, tampered
+from tests.evidence.factories import config_a, config_b, example_profile_data, measured, record_a
 
 
 def _write_profile(tmp_path: Path, settings: VllmSettings, in_flight: int) -> Path:
@@ -77,3 +82,57 @@ def test_a_bad_slo_option_is_a_usage_error(
     profile = _write_profile(tmp_path, config_a(), 8)
     assert main(["check", str(profile), "--evidence", str(store), "--slo", "p95_ttft=3"]) == 2
     assert "--slo" in capsys.readouterr().err
+
+
+def _check(profile: Path, store: Path) -> list[str]:
+    return ["check", str(profile), "--evidence", str(store)]
+
+
+def _serve(profile: Path, store: Path) -> list[str]:
+    return ["serve", "--config", str(profile), "--require-evidence", str(store)]
+
+
+@pytest.mark.parametrize("argv", [_check, _serve], ids=["check", "serve"])
+@pytest.mark.parametrize("build", CASES.values(), ids=CASES.keys())
+def test_the_gate_refuses_unusable_evidence_with_exit_2_not_a_decision(
+    argv: Callable[[Path, Path], list[str]],
+    build: Callable[[Path], BadEvidence],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bad = build(tmp_path)
+    command = argv(_write_profile(tmp_path, config_a(), 8), bad.store)
+    assert main(command) == 2
+    out, err = capsys.readouterr()
+    assert "evidence:" not in out  # no decision table, not even a partial one
+    assert_refused(err, bad, command[0])
+
+
+def test_the_installed_command_refuses_a_tampered_store_in_one_line(tmp_path: Path) -> None:
+    bad = tampered(tmp_path)
+    argv = [sys.executable, "-m", "router", *_check(_write_profile(tmp_path, config_a(), 8), bad.store)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert_refused(done.stderr, bad, "check")
+
+
+def test_a_branch_name_revision_defers_every_lane_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    on_main = config_a().model_copy(update={"model_revision": "main"})
+    store = tmp_path / "evidence"
+    EvidenceStore(store).add(measured(on_main))
+    profile = _write_profile(tmp_path, on_main, 8)
+    assert main(_check(profile, store)) == 3
+    evidence = capsys.readouterr().out.split("evidence:")[1]
+    assert evidence.count(" DEFER ") == evidence.count("provenance_incomplete") == 6
+    # One note per problem, naming the lanes it holds back: the record's revision and the profile's.
+    notes = [line.split(": ", 1) for line in evidence.splitlines() if "immutable" in line]
+    assert [message.split(" ", 1)[0] for _, message in notes] == ["model_revision", "current.model_revision"]
+    for lanes, message in notes:
+        assert set(lanes.split(", ")) == {cls.value for cls in RequestClass}
+        assert message.split(" ", 1)[1].startswith(
+            "'main' is not an immutable revision (a branch or tag name moves)"
+        )
+    assert main(_serve(profile, store)) == 3
+    assert "refusing to start" in capsys.readouterr().err

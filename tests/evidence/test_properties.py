@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from router.config.models import PoolConfig
 from router.config.vllm import VllmSettings
-from router.evidence.build import new_record, serving_configuration
+from router.evidence.build import knobs_hash, new_record, serving_configuration
 from router.evidence.decide import FinalDecision, RetestState, decide
+from router.evidence.reading import parse_record
 from router.evidence.records import (
     CapacityEvidenceRecord,
     LatencySummary,
@@ -23,7 +24,6 @@ from router.evidence.records import (
     TokenRange,
     WarmupState,
     dump_record,
-    parse_record,
 )
 from router.evidence.targets import SloTargets, Target
 from router.evidence.triggers import RetestTrigger
@@ -33,18 +33,27 @@ RANK = {FinalDecision.PASS: 0, FinalDecision.CONDITIONAL: 1, FinalDecision.DEFER
 bounded = settings(max_examples=60, deadline=None)
 
 
+HEX = "0123456789abcdef"
+# What pins weights: a full git commit, or the sha256 of the weights' manifest.
+content_hashes = st.text(HEX, min_size=40, max_size=40) | st.text(HEX, min_size=64, max_size=64).map(
+    lambda digest: "sha256:" + digest
+)
+EXTRA_ARGS = ("--enforce-eager", "--seed=7", "--disable-log-stats")
+
+
 @st.composite
 def vllm_settings(draw: st.DrawFn) -> VllmSettings:
     seqs = draw(st.integers(1, 256))
     return VllmSettings(
         version=draw(st.sampled_from(["0.26.0", "0.32.0", "0.33.1"])),
-        model_revision=draw(st.text("0123456789abcdef", min_size=7, max_size=40)),
+        model_revision=draw(content_hashes),
         hardware_profile=draw(st.sampled_from(["1x-gpu-24gb", "2x-gpu-48gb", "cpu-16c"])),
         max_model_len=draw(st.sampled_from([2048, 4096, 8192, 16384, 32768])),
         max_num_seqs=seqs,
         max_num_batched_tokens=draw(st.integers(max(seqs, 256), 16384)),
         tensor_parallel_size=draw(st.sampled_from([1, 2, 4, 8])),
         enable_prefix_caching=draw(st.booleans()),
+        extra_args=tuple(draw(st.lists(st.sampled_from(EXTRA_ARGS), max_size=2, unique=True))),
     )
 
 
@@ -108,7 +117,7 @@ def test_a_target_inside_a_complete_passing_record_never_defers(data: st.DataObj
 
 
 CHANGES: list[tuple[str, RetestTrigger, Any]] = [
-    ("model_revision", RetestTrigger.MODEL_REVISION, lambda v: v + "0"),
+    ("model_revision", RetestTrigger.MODEL_REVISION, lambda v: v[:-1] + ("1" if v.endswith("0") else "0")),
     ("version", RetestTrigger.VLLM_VERSION, lambda v: v + ".post1"),
     ("hardware_profile", RetestTrigger.HARDWARE_PROFILE, lambda v: v + "-b"),
     ("tensor_parallel_size", RetestTrigger.PARALLELISM, lambda v: v * 2),
@@ -172,7 +181,7 @@ def test_identity_and_decision_are_stable_under_key_order(data: st.DataObject, r
     target = data.draw(inside_targets(record))
     raw = orjson.loads(dump_record(record))
     again = parse_record(orjson.dumps(shuffled(raw, rng)))
-    assert again.record_id == record.record_id
+    assert again == record and again.record_id == record.record_id
     current = serving_configuration(pool)
     first = decide(record, target, current, SLO)
     assert decide(again, target, current, SLO) == first
@@ -196,3 +205,11 @@ def test_a_smaller_target_is_never_judged_worse(data: st.DataObject, note: bool)
     )
     worse = RANK[decide(record, small, current, SLO).final_decision]
     assert worse <= RANK[decide(record, big, current, SLO).final_decision]
+
+
+@bounded
+@given(data=st.data())
+def test_a_record_of_any_pool_reads_back_with_its_knobs_matching_its_hash(data: st.DataObject) -> None:
+    pool, record = data.draw(passing_records())
+    assert knobs_hash(serving_configuration(pool)) == record.identity.server_configuration_hash
+    assert parse_record(dump_record(record), "record.json") == record

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 
 from router.evidence.records import EvidenceError, RecordExistsError, dump_record
 from router.evidence.store import EvidenceStore, load_records, read_record, record_filename
-from tests.evidence.factories import base_record, evolve
+from tests.evidence.factories import base_record, evolve, rehashed
 
 
 def test_add_writes_one_file_named_by_the_record_id(tmp_path: Path) -> None:
@@ -51,14 +52,12 @@ def test_a_squatted_name_is_not_overwritten(tmp_path: Path) -> None:
 def test_a_changed_configuration_is_a_new_record_beside_the_old(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path)
     old = base_record()
-    new = evolve(
-        old,
-        {
-            "context.knobs.max_num_seqs": 16,
-            "measured_at": "2025-06-03T09:30:00Z",
-            "supersedes": old.record_id,
-        },
-    )
+    changes = {
+        "context.knobs.max_num_seqs": 16,
+        "measured_at": "2025-06-03T09:30:00Z",
+        "supersedes": old.record_id,
+    }
+    new = rehashed(evolve(old, changes))
     store.add(old)
     store.add(new)
     assert [r.record_id for r in store.records()] == [old.record_id, new.record_id]
@@ -79,7 +78,7 @@ def test_records_are_ordered_by_measurement_time_and_skip_other_files(tmp_path: 
 def test_a_file_under_a_foreign_name_is_refused(tmp_path: Path) -> None:
     record = base_record()
     (tmp_path / "renamed.json").write_bytes(dump_record(record))
-    with pytest.raises(EvidenceError, match="does not match record"):
+    with pytest.raises(EvidenceError, match=r"renamed\.json: file name is not its record's id"):
         EvidenceStore(tmp_path).records()
 
 
@@ -89,10 +88,38 @@ def test_unreadable_records_name_their_file(tmp_path: Path) -> None:
         EvidenceStore(tmp_path).records()
     with pytest.raises(EvidenceError, match=r"missing\.json"):
         read_record(tmp_path / "missing.json")
-    with pytest.raises(EvidenceError, match="not a directory"):
+    with pytest.raises(EvidenceError, match="nowhere: no such evidence store"):
         EvidenceStore(tmp_path / "nowhere").records()
+    with pytest.raises(EvidenceError, match=r"broken\.json: not a directory"):
+        EvidenceStore(tmp_path / "broken.json").records()
     with pytest.raises(EvidenceError, match="no record"):
         EvidenceStore(tmp_path).get("sha256:" + "0" * 64)
+
+
+def test_what_only_looks_like_a_record_is_refused_not_passed_over(tmp_path: Path) -> None:
+    EvidenceStore(tmp_path).add(base_record())
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(EvidenceError, match=r"dir\.json: cannot read: Is a directory"):
+        EvidenceStore(tmp_path).records()
+    (tmp_path / "dir.json").rmdir()
+    (tmp_path / "gone.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(EvidenceError, match=r"gone\.json: no such record file"):
+        EvidenceStore(tmp_path).records()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_a_record_or_store_without_read_permission_is_refused(tmp_path: Path) -> None:
+    store = EvidenceStore(tmp_path / "evidence")
+    path = store.add(base_record())
+    path.chmod(0)
+    with pytest.raises(EvidenceError, match="cannot read: Permission denied"):
+        store.records()
+    store.root.chmod(0)
+    try:
+        with pytest.raises(EvidenceError, match="evidence: Permission denied"):
+            store.records()
+    finally:
+        store.root.chmod(0o700)
 
 
 def test_concurrent_writers_of_one_record_leave_exactly_one_file(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import orjson
 
 from router.facts import parse_facts
 from router.lanelab import workloads
-from router.tokens import HeuristicCounter
+from router.tokens import SimulatorCounter
 
 
 def test_text_has_four_characters_a_token() -> None:
@@ -24,7 +24,7 @@ def test_plans_are_reproducible_and_in_time_order() -> None:
 
 
 def test_long_and_short_prompts_have_the_planned_sizes() -> None:
-    counter = HeuristicCounter()
+    counter = SimulatorCounter()
     for p in workloads.long_flood("m", 2.0, 3.0, 10.0, long_tokens=6000, short_tokens=60):
         tokens = parse_facts("chat", p.body, counter).prompt_tokens
         assert (5990 <= tokens <= 6010) if p.tag == "long" else (tokens < 100)

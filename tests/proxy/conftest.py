@@ -1,12 +1,14 @@
-"""Event loops for the proxy tests."""
+"""Event loops and scripted loopback servers for the proxy tests."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 import uvloop
+
+from tests.proxy.rawserver import ServeFn, raw_servers
 
 # The upstream client runs under uvloop in production and plain asyncio elsewhere: its tests run on
 # both. Other tests in this directory keep the default loop.
@@ -21,3 +23,9 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     return _BOTH_LOOPS if item.path.name.startswith("test_upstream") else _DEFAULT_LOOP
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[ServeFn]:
+    async with raw_servers() as start:
+        yield start

@@ -13,12 +13,10 @@ from typing import Any
 
 import h11
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from router.bench.fake_backend import Behaviour, FakeBackend
 from router.config.load import parse_profile
-from router.server import build_state, make_app
-from router.settings import Settings
+from router.server import build_state
 from router.state import RouterState
 from tests.conftest import router_stack
 from tests.profiles import MODEL, auth, profile
@@ -159,13 +157,9 @@ async def test_a_slow_reader_is_decoupled_gets_every_byte_and_is_remembered() ->
         assert whole.headers["x-lane-router-class"] == "chat"  # only streams are slow_stream
 
 
-class SmallSendBuffer(HttpToolsProtocol):
-    """The router's client sockets with a 16 KiB send buffer (a constrained path), so a slow
-    reader fills them in the middle of an answer instead of at its end."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-        super().connection_made(transport)
+# The router's client sockets with a 16 KiB send buffer (a constrained path), so a slow reader
+# fills them in the middle of an answer instead of at its end.
+SMALL_SEND_BUFFER = ((socket.SOL_SOCKET, socket.SO_SNDBUF, 16384),)
 
 
 @contextlib.asynccontextmanager
@@ -173,7 +167,7 @@ async def constrained_router(behaviour: Behaviour) -> AsyncIterator[tuple[str, R
     async with server_group() as group:
         url = await group.start(FakeBackend(behaviour))
         state = build_state(parse_profile(shape([url])), None)
-        yield await group.start(make_app(state, Settings()), http=SmallSendBuffer), state
+        yield await group.serve_router(state, socket_options=SMALL_SEND_BUFFER), state
 
 
 async def test_a_client_lagging_mid_stream_is_decoupled_from_then_on() -> None:

@@ -164,7 +164,7 @@ async def test_no_retry_after_the_first_byte_and_the_stream_ends_with_an_error_e
 async def test_backend_hanging_before_headers_times_out_with_504() -> None:
     def shape(urls: list[str]) -> dict[str, object]:
         data = profile(urls)
-        data["pools"]["interactive"]["read_timeout_s"] = 0.3
+        data["pools"]["interactive"]["response_head_timeout_s"] = 0.3
         return data
 
     async with router_stack(n_backends=1, shape=shape) as stack:

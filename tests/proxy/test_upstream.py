@@ -23,158 +23,20 @@ from router.errors import (
 )
 from router.proxy.connection import HIGH_WATER, UpstreamConnection
 from router.proxy.http1 import body_is_delimited, build_head, parse_origin
+from router.proxy.limits import ResponseLimits
 from router.proxy.upstream import PoolStats, UpstreamPool
-
-
-@dataclass
-class Request:
-    method: bytes
-    target: bytes
-    headers: list[tuple[bytes, bytes]]
-    body: bytes
-    raw: bytes
-
-
-async def read_request(reader: asyncio.StreamReader) -> Request | None:
-    """One request with a Content-Length (or no) body; None at a clean EOF."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise
-        return None
-    lines = head[:-4].split(b"\r\n")
-    method, target, _ = lines[0].split(b" ", 2)
-    headers = [(k, v.strip()) for k, v in (line.split(b":", 1) for line in lines[1:])]
-    length = next((int(v) for k, v in headers if k.lower() == b"content-length"), 0)
-    body = await reader.readexactly(length)
-    return Request(method, target, headers, body, head + body)
-
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "RawServer"], Awaitable[None]]
-
-
-@dataclass
-class RawServer:
-    """A loopback server whose connections each run `handler`; it counts what it sees."""
-
-    handler: Handler
-    connections: int = 0
-    requests: list[Request] = field(default_factory=list)
-    eofs: int = 0  # connections on which the handler observed the client's EOF/reset
-    _server: asyncio.Server | None = None
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connection, "127.0.0.1", 0)
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def next_request(self, reader: asyncio.StreamReader) -> Request | None:
-        request = await read_request(reader)
-        if request is not None:
-            self.requests.append(request)
-        return request
-
-    async def wait_eof(self, reader: asyncio.StreamReader) -> None:
-        """Drain until the client closes the connection, then count it."""
-        with contextlib.suppress(ConnectionError):
-            while await reader.read(65536):
-                pass
-        self.eofs += 1
-
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self.connections += 1
-        try:
-            await self.handler(reader, writer, self)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass  # the client left, or the test is over
-        finally:
-            writer.close()
-            self._tasks.discard(task)
-
-    async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-
-ServeFn = Callable[[Handler], Awaitable[RawServer]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[ServeFn]:
-    servers: list[RawServer] = []
-
-    async def start(handler: Handler) -> RawServer:
-        server = RawServer(handler)
-        await server.start()
-        servers.append(server)
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            await server.aclose()
-
-
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
-    """Poll `condition` until it holds; fail the test if it does not within `timeout`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-def ok(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-LAST_CHUNK = b"0\r\n\r\n"
-
-
-async def echo_target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
-    """Keep-alive server answering every request with its own target."""
-    while (request := await server.next_request(reader)) is not None:
-        writer.write(ok(b"you asked for " + request.target))
-    server.eofs += 1
-
-
-async def get(pool: UpstreamPool, target: bytes = b"/") -> tuple[int, bytes]:
-    response = await pool.request(b"GET", target, [], b"")
-    try:
-        return response.status, await response.read()
-    finally:
-        await response.aclose()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
+from tests.proxy.rawserver import (
+    CHUNKED_HEAD,
+    LAST_CHUNK,
+    RawServer,
+    ServeFn,
+    chunk,
+    closed_port,
+    echo_target,
+    get,
+    ok,
+    wait_until,
+)
 
 # -- request serialization ---------------------------------------------------------------------
 
@@ -405,11 +267,8 @@ async def test_server_closing_an_idle_connection_is_noticed(serve: ServeFn) -> N
     assert server.connections == 2
 
 
-async def test_reused_connection_dying_before_a_response_is_retried_once(serve: ServeFn) -> None:
+async def test_reused_connection_dying_after_the_request_is_not_retried(serve: ServeFn) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
-        if server.connections > 1:
-            await echo_target(reader, writer, server)
-            return
         await server.next_request(reader)
         writer.write(ok(b"first"))
         await server.next_request(reader)  # then close without answering
@@ -417,21 +276,28 @@ async def test_reused_connection_dying_before_a_response_is_retried_once(serve: 
     server = await serve(handler)
     async with UpstreamPool(server.origin) as pool:
         assert await get(pool) == (200, b"first")
-        assert await get(pool, b"/again") == (200, b"you asked for /again")
-    assert server.connections == 2
-    assert [r.target for r in server.requests] == [b"/", b"/again", b"/again"]
+        with pytest.raises(UpstreamClosed, match="before responding"):
+            await pool.request(b"POST", b"/again", [], b"{}")
+        assert pool.stats().open == 0
+    assert server.connections == 1
+    assert [r.target for r in server.requests] == [b"/", b"/again"]
 
 
-async def test_fresh_connection_dying_before_a_response_is_a_connect_error(serve: ServeFn) -> None:
+@pytest.mark.parametrize("reset", [False, True])
+async def test_fresh_connection_dying_after_the_request_is_closed(serve: ServeFn, reset: bool) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
         await server.next_request(reader)
+        if reset:
+            writer.transport.abort()  # RST instead of FIN
 
     server = await serve(hang_up)
     async with UpstreamPool(server.origin) as pool:
-        with pytest.raises(UpstreamConnectError, match="before responding"):
+        with pytest.raises(UpstreamClosed, match="before responding") as caught:
             await pool.request(b"POST", b"/", [], b"{}")
+        assert not caught.value.retryable
         assert pool.stats().open == 0
     assert server.connections == 1
+    assert len(server.requests) == 1
 
 
 async def test_closing_before_the_headers_end_is_upstream_closed(serve: ServeFn) -> None:
@@ -471,10 +337,14 @@ async def test_max_idle_bounds_parked_connections(serve: ServeFn) -> None:
 
 
 async def test_connection_refused() -> None:
-    async with UpstreamPool(f"http://127.0.0.1:{closed_port()}") as pool:
-        with pytest.raises(UpstreamConnectError, match="cannot connect"):
+    port = closed_port()
+    async with UpstreamPool(f"http://127.0.0.1:{port}", label="pool 'p' backend 3") as pool:
+        with pytest.raises(UpstreamConnectError, match="cannot connect: connection refused") as caught:
             await pool.request(b"GET", b"/", [], b"")
         assert pool.stats().connecting == 0
+    # The message may reach a client: it names the backend by its label, never by its address.
+    assert caught.value.message.startswith("pool 'p' backend 3: ")
+    assert "127.0.0.1" not in caught.value.message and str(port) not in caught.value.message
 
 
 @contextlib.contextmanager
@@ -524,7 +394,7 @@ async def test_tcp_nodelay_is_set_on_upstream_sockets() -> None:
     ):
         # Event loops happen to enable it on their own today; start from off to see ours.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
-        conn = UpstreamConnection(asyncio.get_running_loop(), 1.0, lambda c: None)
+        conn = UpstreamConnection(asyncio.get_running_loop(), ResponseLimits(), "b", lambda c: None)
         conn.connection_made(_SocketOnlyTransport(sock))
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
@@ -634,16 +504,16 @@ async def test_chunks_arrive_as_the_server_sends_them(serve: ServeFn) -> None:
         assert pool.stats().idle == 1
 
 
-async def test_read_timeout_before_headers(serve: ServeFn) -> None:
+async def test_head_timeout_before_the_first_byte(serve: ServeFn) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
         await server.next_request(reader)
         await server.wait_eof(reader)
 
     server = await serve(silent)
-    async with UpstreamPool(server.origin, read_timeout=0.2) as pool:
+    async with UpstreamPool(server.origin, head_timeout=0.2, read_timeout=0.01) as pool:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with pytest.raises(UpstreamTimeout, match="response headers"):
+        with pytest.raises(UpstreamTimeout, match=r"no response within 0\.2s"):
             await pool.request(b"GET", b"/", [], b"")
         assert 0.19 <= loop.time() - started < 1.5
         assert pool.stats().open == 0

@@ -1,7 +1,8 @@
 """The real-vLLM test profile: two pools, each backed by one real server started from the pool's
 own `vllm:` block (rendered by `router.config.render.pool_serve_args`, as a deployment would be).
 
-- `interactive` serves chat-like traffic: 16 sequences at once.
+- `interactive` serves chat-like traffic: 16 sequences at once, scheduled by priority (the router
+  sets each request's priority from its lane).
 - `batch` is deliberately narrow — one sequence, and vLLM's own queue limit of one request — so a
   single long request saturates it and the next one is answered 503 (the retry test needs that).
 
@@ -34,7 +35,7 @@ _COMMON: dict[str, Any] = {
     "block_size": 128,
 }
 POOL_VLLM: dict[str, dict[str, Any]] = {
-    "interactive": {**_COMMON, "max_num_seqs": 16},
+    "interactive": {**_COMMON, "max_num_seqs": 16, "scheduling_policy": "priority"},
     "batch": {**_COMMON, "max_num_seqs": 1, "max_num_queued_reqs": 1},
 }
 

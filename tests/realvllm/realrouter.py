@@ -1,7 +1,7 @@
 """The router in front of the real vLLM servers, and the servers' own word on what they did.
 
-The router runs in the test's event loop (a real uvicorn server on loopback, the production
-protocol class); clients must therefore be asynchronous. Evidence about a request comes from
+The router runs in the test's event loop (on its own HTTP server on loopback, configured as in
+production); clients must therefore be asynchronous. Evidence about a request comes from
 the vLLM server itself — its Prometheus counters and its access log — never from the router.
 """
 
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.config.load import parse_profile
 from router.realvllm.server import VllmServer
 from router.runtime import Health
-from router.server import NoDelayHttpToolsProtocol, build_state, make_app
+from router.server import build_state
 from router.settings import Settings
 from router.state import RouterState
 from tests.profiles import KEYS
@@ -184,7 +184,6 @@ class RealRouter:
 @contextlib.asynccontextmanager
 async def real_router(profile: dict[str, Any]) -> AsyncIterator[RealRouter]:
     state = build_state(parse_profile(profile), None)
-    app = make_app(state, Settings(watch_config=False))
     async with server_group() as group:
-        url = await group.start(app, http=NoDelayHttpToolsProtocol)
+        url = await group.serve_router(state, Settings(watch_config=False))
         yield RealRouter(url, state)

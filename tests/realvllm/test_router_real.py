@@ -105,8 +105,9 @@ async def test_openai_client_through_the_router(
     got = await ask(lane_router.openai(), rid, stream)
     assert got.headers["x-request-id"] == rid
     assert got.headers["x-lane-router-lane"] == "chat"
-    # vLLM names the request after the X-Request-Id it received: the id went through the router.
-    assert got.ids == {id_prefix + rid}
+    # vLLM names the request after the X-Request-Id it received: the id went through the router,
+    # under the key's name.
+    assert got.ids == {id_prefix + "user:" + rid}
     assert got.text == expected.text
     assert got.usage is not None and expected.usage is not None
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (expected.usage.prompt_tokens, OUT)

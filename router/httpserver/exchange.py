@@ -1,0 +1,296 @@
+"""One request and its response: the `receive` and `send` an ASGI app is called with.
+
+The request body arrives from the connection (`feed`, `end_body`) and waits in a list of chunks
+until the app asks for it; a future is created only when the app asks before anything arrived.
+`send` writes each body message with one transport write and awaits only while the transport
+has paused writing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
+from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_error
+
+if TYPE_CHECKING:
+    from router.httpserver.connection import Connection
+
+Message = dict[str, Any]
+
+# Response states.
+NEW = 0
+STARTED = 1
+DONE = 2
+
+
+class Exchange:
+    __slots__ = (
+        "_body_done",
+        "_body_sent",
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_continue",
+        "_framing",
+        "_gone",
+        "_head",
+        "_length",
+        "_over",
+        "_waiter",
+        "event_stream",
+        "keep_alive",
+        "scope",
+        "state",
+        "status",
+        "task",
+        "transport",
+    )
+
+    def __init__(
+        self, conn: Connection, scope: dict[str, Any], *, keep_alive: bool, expect_continue: bool
+    ) -> None:
+        # `send.__self__.transport` is how router/slowclient.py `unsent_probe` finds the socket.
+        self.transport = conn.transport
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.state = NEW
+        self.status = 0
+        self.event_stream = False
+        self.task: asyncio.Task[None] | None = None
+        self._conn = conn
+        self._continue = expect_continue
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._over = False  # the connection paused reading for this body
+        self._body_done = False
+        self._body_sent = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._gone = False
+        self._head: bytes | None = None
+        self._framing = NO_BODY
+        self._length = -1
+
+    # -- the request side, fed by the connection --------------------------------------------
+
+    def feed(self, data: bytes, high_water: int) -> bool:
+        """Keep body bytes for the app; True when they now exceed `high_water` for the first
+        time (the connection then pauses reading until the app takes them)."""
+        if self.state == DONE:
+            return False  # answered already: the rest of the body is dropped
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._waiter is not None:
+            self._wake()
+        if self._buffered > high_water and not self._over:
+            self._over = True
+            return True
+        return False
+
+    @property
+    def is_gone(self) -> bool:
+        return self._gone
+
+    @property
+    def withholds_body(self) -> bool:
+        """The client waits for a 100 Continue that was never sent: its body will not come."""
+        return self._continue
+
+    def end_body(self) -> None:
+        self._body_done = True
+        if self._waiter is not None:
+            self._wake()
+
+    def gone(self) -> None:
+        """The connection is closed: `receive` reports the disconnect, `send` writes nothing."""
+        self._gone = True
+        if self._waiter is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        self._waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def receive(self) -> Message:
+        while True:
+            if self._chunks:
+                return self._take()
+            if self._body_done and not self._body_sent:
+                self._body_sent = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            if self._gone or (self._body_sent and self.state == DONE):
+                return {"type": "http.disconnect"}
+            if self._continue:
+                self._send_continue()
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = self._conn.loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if self._waiter is waiter:
+                    self._waiter = None
+                # A second receiver shares the future; only this task's own cancellation counts.
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+
+    def _take(self) -> Message:
+        chunks = self._chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        more = not self._body_done
+        if not more:
+            self._body_sent = True
+        if self._over:
+            self._over = False
+            self._conn.resume_body()
+        return {"type": "http.request", "body": body, "more_body": more}
+
+    def _send_continue(self) -> None:
+        self._continue = False
+        if self.state == NEW and not self._gone:
+            self.transport.write(CONTINUE)
+
+    # -- the response side --------------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        if self._gone:
+            return  # the client has gone: nothing more is written, and that is no error
+        kind = message["type"]
+        if kind == "http.response.body":
+            if self.state != STARTED:
+                raise RuntimeError("http.response.body sent " + _ORDER[self.state])
+            more = message.get("more_body", False)
+            self._write(message.get("body", b""), more)
+            if not more:
+                self._finish()
+            elif self._conn.write_paused:
+                await self._conn.drain()
+        elif kind == "http.response.start":
+            self._start(message)
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+    def _start(self, message: Message) -> None:
+        if self.state != NEW:
+            raise RuntimeError("http.response.start sent twice")
+        scope = self.scope
+        conn = self._conn
+        head, framing, self._length, keep_alive, self.event_stream = plan_response(
+            message["status"],  # raises on an invalid start: nothing sent, the app's error is a 500
+            message.get("headers", ()),
+            head_request=scope["method"] == "HEAD",
+            http11=scope["http_version"] == "1.1",
+            # An unread request body cannot be skipped safely: the connection ends after this.
+            keep_alive=self.keep_alive and self._body_done and not conn.closing,
+            date=conn.date,
+        )
+        self.state = STARTED
+        self.status = message["status"]
+        self._framing = framing
+        self.keep_alive = keep_alive
+        if framing == CHUNKED:
+            # A stream: its head leaves now, as the client's own timing (and the lag the relay
+            # measures from the socket, router/slowclient.py) starts with it.
+            self.transport.write(head)
+            return
+        # A whole answer: the head waits for the first body message to leave in one write with
+        # it, or for the next loop turn if the app is still working on its body then.
+        self._head = head
+        conn.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head = self._head
+        if head is not None and not self._gone:
+            self._head = None
+            self.transport.write(head)
+
+    def _write(self, body: bytes, more: bool) -> None:
+        framing = self._framing
+        if framing == CHUNKED:
+            if len(body) > JOIN_LIMIT:
+                self._emit_large(b"%x\r\n" % len(body), body, b"\r\n" if more else b"\r\n" + LAST_CHUNK)
+                return
+            data = chunk(body, not more) if body else (b"" if more else LAST_CHUNK)
+        elif framing == NO_BODY:
+            data = b""
+        else:
+            if framing == LENGTH:
+                self._count(len(body), more)
+            if len(body) > JOIN_LIMIT:
+                self._emit_large(b"", body, b"")
+                return
+            data = body
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + data
+        if data:
+            self.transport.write(data)
+
+    def _emit_large(self, before: bytes, body: bytes, after: bytes) -> None:
+        head = self._head
+        self._head = None
+        parts = [p for p in (head, before, body, after) if p]
+        self.transport.writelines(parts)
+
+    def _count(self, n: int, more: bool) -> None:
+        left = self._length - n
+        self._length = left
+        if left < 0:
+            raise RuntimeError("response body longer than its content-length")
+        if left and not more:
+            self.keep_alive = False  # a short body: closing the connection tells the client
+
+    def _finish(self) -> None:
+        self.state = DONE
+        if self._waiter is not None:
+            self._wake()
+        self._conn.response_complete(self)
+
+    # -- ends the app did not choose ------------------------------------------------------------
+
+    def fail(self) -> None:
+        """The app raised: a 500 if nothing was sent yet, else the connection is dropped."""
+        if self.state == NEW and not self._gone:
+            self.state = DONE
+            self.status = 500
+            self.keep_alive = False
+            self.transport.write(internal_error(self._conn.date))
+            self._conn.response_complete(self)
+        else:
+            self.drop()
+
+    def reject(self, answer: bytes) -> bool:
+        """The request turned out malformed after the app was called: answer it here if its
+        response has not started (the app then sees a disconnect). False if too late."""
+        if self.state != NEW or self._gone:
+            return False
+        self.state = DONE
+        self.status = int(answer[9:12])
+        self.transport.write(answer)
+        self.gone()
+        return True
+
+    def drop(self) -> None:
+        """Cut the response where it is: the client sees a body that never ended."""
+        if self.state != DONE:
+            self.state = DONE
+            self._conn.abort()
+
+    def cut(self, event: bytes) -> None:
+        """End the response at shutdown: an event stream gets `event` and its terminator, so the
+        client learns why it ended; any other unfinished response is dropped."""
+        if self.state == STARTED and self._framing == CHUNKED and self.event_stream and not self._gone:
+            self.keep_alive = False
+            self._write(event, False)
+            self._finish()
+        else:
+            self.drop()
+
+
+_ORDER = ("before http.response.start", "", "after the response was complete")

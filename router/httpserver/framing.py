@@ -1,0 +1,100 @@
+"""How a response goes on the wire: its head bytes and how its body is delimited, decided once
+when the app starts the response."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from router.httpserver.wire import CRLF, DateHeader, status_line
+
+# Body delimitation.
+LENGTH = 0  # the app's content-length
+CHUNKED = 1  # HTTP/1.1 without a length
+UNTIL_CLOSE = 2  # HTTP/1.0 without a length: the end of the body is the end of the connection
+NO_BODY = 3  # HEAD, 204, 304: body bytes the app sends are dropped
+
+_CHUNKED_LINE = b"transfer-encoding: chunked\r\n"
+_CLOSE_LINE = b"connection: close\r\n"
+_KEEP_ALIVE_LINE = b"connection: keep-alive\r\n"
+_EVENT_STREAM = b"text/event-stream"
+# The app's headers the server looks at (all others pass as they are).
+_SERVER_READS = frozenset((b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date"))
+
+
+# (head, framing, content length or -1, keep-alive, is an event stream): a plain tuple, as one is
+# made for every response.
+Plan = tuple[bytes, int, int, bool, bool]
+
+
+def plan_response(
+    status: int,
+    headers: Iterable[tuple[bytes, bytes]],
+    *,
+    head_request: bool,
+    http11: bool,
+    keep_alive: bool,
+    date: DateHeader,
+) -> Plan:
+    """The head to write and the framing of the body. The server owns the framing and connection
+    headers: an app's `transfer-encoding` is replaced by the server's own choice, and its
+    `connection: close` is honoured."""
+    if status < 200:
+        raise RuntimeError(f"status {status} cannot start a response (no protocol switch here)")
+    parts = [status_line(status)]
+    length = -1
+    event_stream = False
+    dated = False
+    written = 0  # app headers kept: four parts each, one line ending
+    for name, value in headers:
+        low = name.lower()
+        if low in _SERVER_READS:
+            if low == b"content-length":
+                length = _content_length(value)
+            elif low == b"transfer-encoding":
+                continue
+            elif low == b"connection":
+                keep_alive = keep_alive and b"close" not in value.lower()
+                continue
+            elif low == b"content-type":
+                event_stream = value.startswith(_EVENT_STREAM)
+            else:
+                dated = True
+        parts += (name, b": ", value, CRLF)
+        written += 1
+    if not dated:
+        parts.append(date.line())
+    if head_request or status in (204, 304):
+        framing = NO_BODY
+    elif length >= 0:
+        framing = LENGTH
+    elif http11:
+        framing = CHUNKED
+        parts.append(_CHUNKED_LINE)
+    else:
+        framing = UNTIL_CLOSE
+        keep_alive = False
+    if not keep_alive:
+        parts.append(_CLOSE_LINE)
+    elif not http11:
+        parts.append(_KEEP_ALIVE_LINE)
+    parts.append(CRLF)
+    head = b"".join(parts)
+    # The server's own parts each end in one CRLF, as does each header: any other CR or LF came
+    # from a header name or value, and would let it inject headers or a second response.
+    endings = len(parts) - 3 * written
+    if head.count(b"\n") != endings or head.count(b"\r") != endings:
+        raise RuntimeError("response header names and values must not contain CR or LF")
+    return head, framing, length if framing == LENGTH else -1, keep_alive, event_stream
+
+
+def _content_length(value: bytes) -> int:
+    if not value.isdigit():
+        raise RuntimeError(f"invalid content-length {value!r}")
+    return int(value)
+
+
+def chunk(data: bytes, last: bool) -> bytes:
+    """`data` as one chunk, and the terminator after it when `last`."""
+    if last:
+        return b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data)
+    return b"%x\r\n%b\r\n" % (len(data), data)

@@ -1,0 +1,259 @@
+"""The reading half of a connection: bytes into the request parser within the head limits,
+parser events into requests.
+
+Bytes are fed to the parser within a budget while a head is incomplete, so a head that never
+ends is refused after `max_head_bytes` (plus at most the rest of one socket read) instead of
+growing in the parser; the header count is checked as each header completes. Both happen before
+the app is called. `Connection` (router/httpserver/connection.py) decides what a parsed request
+leads to."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
+
+from router.httpserver.deadlines import Watched
+from router.httpserver.scope import http_scope
+from router.httpserver.wire import client_error
+
+if TYPE_CHECKING:
+    from router.httpserver.config import ServerConfig
+    from router.httpserver.exchange import Exchange
+    from router.httpserver.wire import DateHeader
+
+# What the read side expects next.
+WAIT = 0  # the next request: nothing of it has arrived
+HEAD = 1  # the rest of a request head
+BODY = 2  # the rest of a request body
+ENDING = 3  # nothing: the connection is closing
+
+# Why reading is paused (bits).
+QUEUED = 1  # a pipelined request waits behind the one in progress
+BODY_HELD = 2  # the app has not taken the body bytes held for it
+STOPPED = 4  # the connection is ending
+
+
+class _Refused(Exception):
+    """Stops the parser from inside a callback; the answer is in `RequestReader._refusal`."""
+
+
+class RequestReader(Watched):
+    __slots__ = (
+        "_config",
+        "_expect",
+        "_head_bytes",
+        "_header_count",
+        "_headers",
+        "_last_read",
+        "_latest",
+        "_parser",
+        "_parsing",
+        "_paused",
+        "_phase",
+        "_refusal",
+        "_resuming",
+        "_scheme",
+        "_served",
+        "_target",
+        "closing",
+        "date",
+        "endpoints",
+        "transport",
+    )
+
+    def __init__(
+        self, config: ServerConfig, date: DateHeader, scheme: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(loop)
+        self._config = config
+        self._scheme = scheme
+        self.date = date
+        self.transport: Any = None
+        self.endpoints: tuple[tuple[str, int] | None, tuple[str, int] | None] = (None, None)
+        self._parser = HttpRequestParser(self)
+        self._phase = WAIT
+        self._paused = 0
+        self._last_read = 0.0
+        self._head_bytes = 0
+        self._header_count = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._target = b""
+        self._expect = False
+        self._resuming = False
+        self._refusal: bytes | None = None
+        self._served = 0  # request heads read
+        self._parsing: Exchange | None = None  # the request whose body is arriving
+        self._latest: Exchange | None = None
+        self.closing = False  # end the connection after the response in progress
+
+    # -- what the connection does with what was read ---------------------------------------------
+
+    def _accept(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> Exchange:
+        """A request head is complete: its exchange, started or queued."""
+        raise NotImplementedError
+
+    def _head_started(self) -> None:
+        raise NotImplementedError
+
+    def _body_ended(self) -> None:
+        raise NotImplementedError
+
+    def _refuse(self, answer: bytes | None) -> None:
+        """Answer without calling the app (None: just end) and close."""
+        raise NotImplementedError
+
+    # -- feeding the parser -----------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        if self._phase != ENDING:
+            self._feed(data)
+            if self._timer is None:
+                self.rearm()
+
+    def _feed(self, data: bytes) -> None:
+        view: bytes | memoryview = data
+        limit = self._config.max_head_bytes
+        parser = self._parser
+        while view:
+            piece = view
+            if self._phase != BODY:
+                room = limit - self._head_bytes
+                if len(view) > room:
+                    view = memoryview(view)
+                    piece = view[:room]
+                self._head_bytes += len(piece)
+            try:
+                parser.feed_data(piece)
+            except HttpParserUpgrade as up:
+                view = view[up.args[0] :]
+                if not self._upgraded():
+                    return
+                parser = self._parser
+                continue
+            except HttpParserError as exc:
+                if self._phase != ENDING:
+                    self._refuse(self._refusal or self._bad_request(exc))
+                return
+            if self._phase == ENDING:
+                return
+            if self._phase != BODY and self._head_bytes >= limit:
+                self._refuse(
+                    client_error(
+                        self.date, 431, "the request head is too large", "request_header_fields_too_large"
+                    )
+                )
+                return
+            view = view[len(piece) :]
+
+    def _bad_request(self, exc: Exception) -> bytes:
+        return client_error(self.date, 400, f"malformed request: {exc}", "invalid_request")
+
+    # -- parser callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._resuming:
+            return
+        if self._phase == ENDING:
+            raise _Refused  # closing: what follows is not read
+        self._phase = HEAD
+        self._target = b""
+        self._headers = []
+        self._header_count = 0
+        self._expect = False
+        self._head_started()
+
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._resuming:
+            return
+        self._header_count += 1
+        if self._header_count > self._config.max_headers:
+            self._stop(431, "too many request headers", "too_many_headers")
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self._resuming:
+            self._resuming = False
+            return
+        parser = self._parser
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            self._stop(505, f"HTTP/{version} is not supported", "http_version_not_supported")
+        headers = self._headers
+        if version == "1.0" and any(name == b"transfer-encoding" for name, _ in headers):
+            self._stop(400, "transfer-encoding is not allowed in HTTP/1.0", "invalid_request")
+        self._phase = BODY
+        self._head_bytes = 0
+        self._served += 1
+        method = parser.get_method().decode("ascii")
+        scope = http_scope(method, self._target, version, headers, self.endpoints, self._scheme)
+        keep_alive = parser.should_keep_alive() and not self.closing and method != "CONNECT"
+        self._parsing = self._latest = self._accept(scope, keep_alive, self._expect and version == "1.1")
+
+    def on_body(self, body: bytes) -> None:
+        ex = self._parsing
+        if ex is not None and ex.feed(body, self._config.body_buffer_bytes):
+            self._pause(BODY_HELD)
+
+    def on_message_complete(self) -> None:
+        ex = self._parsing
+        if ex is None:
+            return
+        if self._parser.should_upgrade() and body_framing(ex.scope["headers"]):
+            return  # the parser skipped this body: `_upgraded` has it read
+        self._parsing = None
+        self._phase = WAIT
+        ex.end_body()
+        self._body_ended()
+
+    def _stop(self, status: int, message: str, code: str) -> None:
+        self._refusal = client_error(self.date, status, message, code)
+        raise _Refused
+
+    def _upgraded(self) -> bool:
+        """The parser stopped after a request asking for another protocol. It is answered as
+        plain HTTP: a CONNECT ends the connection; any other goes on, its body (which the parser
+        would skip) read through a fresh parser primed with the same framing."""
+        ex = self._latest
+        if ex is None or ex.scope["method"] == "CONNECT":
+            self._refuse(None)
+            return False
+        framing = body_framing(ex.scope["headers"])
+        if framing:
+            self._parser = HttpRequestParser(self)
+            self._resuming = True
+            self._parser.feed_data(b"POST / HTTP/1.1\r\n%b\r\n\r\n" % framing)
+        return True
+
+    # -- pausing ----------------------------------------------------------------------------------
+
+    def _pause(self, reason: int) -> None:
+        if not self._paused:
+            self.transport.pause_reading()
+        self._paused |= reason
+
+    def _resume(self, reason: int) -> None:
+        if self._paused & reason:
+            self._paused &= ~reason
+            if not self._paused:
+                self.transport.resume_reading()
+                self._last_read = self.loop.time()
+                self.rearm()
+
+
+def body_framing(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The header line that delimits a request's body; b"" for a request without one."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return b"transfer-encoding: " + value
+        if name == b"content-length" and value.strip(b" \t") not in (b"0", b""):
+            return b"content-length: " + value.strip(b" \t")
+    return b""

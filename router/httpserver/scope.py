@@ -1,0 +1,53 @@
+"""The ASGI `http` scope of one request, from what the parser reported."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from httptools import parse_url
+
+
+def split_target(target: bytes) -> tuple[str, bytes, bytes]:
+    """(path, raw_path, query_string) of a request target. `path` is percent-decoded and read as
+    UTF-8; `raw_path` is the path exactly as sent."""
+    if target[:1] == b"/":
+        raw_path, _, query = target.partition(b"?")
+        if b"#" in query:
+            query = query.partition(b"#")[0]
+        elif b"#" in raw_path:
+            raw_path = raw_path.partition(b"#")[0]
+    elif b"://" in target:  # absolute form: scheme://authority/path?query
+        url = parse_url(target)
+        raw_path, query = url.path or b"/", url.query or b""
+    else:  # asterisk form (OPTIONS *) or authority form (CONNECT host:port)
+        raw_path, query = target, b""
+    if b"%" not in raw_path and raw_path.isascii():
+        return raw_path.decode("ascii"), raw_path, query
+    return unquote_to_bytes(raw_path).decode("utf-8", "replace"), raw_path, query
+
+
+def http_scope(
+    method: str,
+    target: bytes,
+    http_version: str,
+    headers: list[tuple[bytes, bytes]],
+    endpoints: tuple[tuple[str, int] | None, tuple[str, int] | None],
+    scheme: str,
+) -> dict[str, Any]:
+    path, raw_path, query = split_target(target)
+    server, client = endpoints
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": http_version,
+        "method": method,
+        "scheme": scheme,
+        "path": path,
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": client,
+        "server": server,
+    }

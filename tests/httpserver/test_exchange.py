@@ -1,0 +1,215 @@
+"""The app's side of one request: the scope, `receive` and `send` as the ASGI spec has them,
+flow control both ways, and what the server does with an app that fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from router.asgi import Receive, Scope, Send, send_json
+from router.slowclient import unsent_probe
+from tests.httpserver.apps import Scripted, read_all
+from tests.httpserver.raw import Raw, ask, request, serving
+
+
+async def test_the_scope_is_what_the_spec_says() -> None:
+    async with serving() as server:
+        client = await Raw.open(server.port)
+        client.send(request("GET", "/a%20b/%C3%A9?x=1&y=%20", b"", "X-Mixed-Case: Value"))
+        seen = orjson.loads((await client.response()).body)
+        port = client.port
+        client.close()
+    assert seen["type"] == "http"
+    assert seen["asgi"] == {"version": "3.0", "spec_version": "2.3"}
+    assert seen["http_version"] == "1.1"
+    assert seen["method"] == "GET"
+    assert seen["scheme"] == "http"
+    assert seen["path"] == "/a b/é"
+    assert seen["raw_path"] == "/a%20b/%C3%A9"
+    assert seen["query_string"] == "x=1&y=%20"
+    assert seen["root_path"] == ""
+    assert ["x-mixed-case", "Value"] in seen["headers"]
+    assert seen["client"] == ["127.0.0.1", port]
+    assert seen["server"] == ["127.0.0.1", server.port]
+
+
+async def test_receive_gives_disconnect_after_the_response_and_when_the_client_leaves() -> None:
+    async def after(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        await send_json(send, 200, {})
+        app.note("after response", (await receive())["type"])
+
+    async def waits(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        app.note("waiting")
+        app.note("left", (await receive())["type"])
+        await send_json(send, 200, {})  # nobody to send to: not an error
+        app.note("sent")
+
+    app = Scripted({"/after": after, "/waits": waits})
+    async with serving(app) as server:
+        client = await Raw.open(server.port)
+        client.send(request("GET", "/after"))
+        await client.response()
+        assert await app.wait_for("after response") == "http.disconnect"
+        client.send(request("GET", "/waits"))
+        await app.wait_for("waiting")
+        client.close()
+        assert await app.wait_for("left") == "http.disconnect"
+        await app.wait_for("sent")
+
+
+async def test_messages_out_of_order_are_errors() -> None:
+    async def misuse(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": 200, "headers": []}
+        for message in (
+            {"type": "http.response.body", "body": b"early"},
+            start,
+            start,
+            {"type": "http.response.trailers"},
+            {"type": "http.response.body", "body": b"end"},
+            {"type": "http.response.body", "body": b"late"},
+        ):
+            try:
+                await send(message)
+            except RuntimeError as err:
+                app.note("refused", str(err))
+
+    app = Scripted({"/misuse": misuse})
+    async with serving(app) as server:
+        resp = await ask(server.port, request("GET", "/misuse"))
+    refused = [detail for name, detail in app.events if name == "refused"]
+    assert len(refused) == 4
+    assert "before http.response.start" in refused[0]
+    assert "twice" in refused[1]
+    assert "http.response.trailers" in refused[2]
+    assert "after the response was complete" in refused[3]
+    assert resp.body == b"end"
+
+
+async def test_a_body_send_returns_without_suspending_until_the_transport_pauses() -> None:
+    """`send` awaits only while the transport has paused writing: a client that stops reading
+    makes a send suspend, and reading again lets it go on."""
+
+    async def flood(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        probe = unsent_probe(send)
+        app.note("probe", probe is not None)
+        chunk = {"type": "http.response.body", "body": b"x" * 65536, "more_body": True}
+        sent = 0
+        while True:
+            step = cast(Coroutine[Any, Any, None], send(chunk))
+            try:
+                waiting = step.send(None)
+            except StopIteration:
+                sent += 1
+                continue
+            app.note("suspended", (sent, probe() if probe else 0))
+            await asyncio.wait([waiting])  # what `send` waits on: the transport taking writes again
+            with contextlib.suppress(StopIteration):
+                step.send(None)
+            break
+        await send({"type": "http.response.body", "body": b""})
+
+    app = Scripted({"/flood": flood})
+    async with serving(app) as server:
+        client = await Raw.open(server.port)
+        client.send(request("GET", "/flood"))
+        assert await app.wait_for("probe") is True
+        sent, unsent = await app.wait_for("suspended")
+        resp = await client.response()
+        client.close()
+    assert sent >= 1
+    assert unsent > 0  # the lag router/slowclient.py measures through `send`
+    assert len(resp.body) == (sent + 1) * 65536  # the suspended send went out too
+
+
+async def test_an_app_that_does_not_read_its_body_pauses_reading() -> None:
+    release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def late(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await release
+        body, sizes = await read_all(receive)
+        await send_json(send, 200, {"got": len(body), "first": sizes[0]})
+
+    async with serving(Scripted({"/late": late}), body_buffer_bytes=64 * 1024) as server:
+        client = await Raw.open(server.port)
+        client.send(request("POST", "/late", b"b" * (16 << 20)))
+        with pytest.raises(TimeoutError):  # 16 MB never leave: kernel buffers hold far less
+            async with asyncio.timeout(1.0):
+                await client.writer.drain()
+        release.set_result(None)
+        resp = orjson.loads((await client.response()).body)
+        client.close()
+    assert resp["got"] == 16 << 20
+    assert resp["first"] <= 64 * 1024 + 256 * 1024  # held: the buffer plus one socket read
+
+
+async def test_an_app_error_before_the_response_is_a_500_logged_once(caplog: Any) -> None:
+    async def broken(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        raise ValueError("boom")
+
+    async with serving(Scripted({"/broken": broken})) as server:
+        client = await Raw.open(server.port)
+        with caplog.at_level(logging.ERROR, logger="lane_router.http"):
+            client.send(request("GET", "/broken"))
+            resp = await client.response()
+        assert await client.closed() == b""
+        client.close()
+    assert resp.status == 500
+    assert orjson.loads(resp.body) == {
+        "error": {"message": "internal router error", "type": "server_error", "code": "internal_error"}
+    }
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert errors[0].exc_info is not None and "GET /broken" in errors[0].getMessage()
+
+
+class Quiet(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [RuntimeError, Quiet])
+async def test_an_app_error_after_the_response_started_drops_the_connection(
+    error: type[Exception], caplog: Any
+) -> None:
+    async def half(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+        raise error("cut")
+
+    async with serving(Scripted({"/half": half}), quiet_errors=(Quiet,)) as server:
+        client = await Raw.open(server.port)
+        with caplog.at_level(logging.ERROR, logger="lane_router.http"):
+            client.send(request("GET", "/half"))
+            received = await client.closed()
+        client.close()
+    assert b"7\r\npartial\r\n" in received
+    assert not received.endswith(b"0\r\n\r\n")  # never terminated: the client sees a cut body
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == (0 if error is Quiet else 1)
+
+
+async def test_an_app_that_returns_without_answering_gets_a_500() -> None:
+    async def silent(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        return
+
+    async with serving(Scripted({"/silent": silent})) as server:
+        assert (await ask(server.port, request("GET", "/silent"))).status == 500
+
+
+async def test_a_response_head_with_an_injected_line_is_a_500_and_none_of_it_is_sent() -> None:
+    async def inject(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"x-request-id", b"1\r\nset-cookie: session=stolen")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async with serving(Scripted({"/inject": inject})) as server:
+        resp = await ask(server.port, request("GET", "/inject"))
+    assert resp.status == 500
+    assert b"stolen" not in resp.head + resp.body

@@ -1,0 +1,278 @@
+"""The router in front of backends that misbehave on purpose: oversized or dribbled heads, leaking
+headers, refused credentials, resets after the request, deaths between head and body. Each
+backend is a raw loopback server writing exactly the bytes a test scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import Stack, router_stack
+from tests.profiles import MODEL, auth, profile
+from tests.proxy.rawserver import (
+    RawServer,
+    Reply,
+    Request,
+    backend,
+    closed_port,
+    dribble,
+    raw_servers,
+    stream_head_field,
+    wait_until,
+)
+
+WHOLE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+STREAM = {**WHOLE, "stream": True}
+ANSWER = orjson.dumps({"id": "cmpl-1", "object": "chat.completion", "choices": []})
+LABEL = "pool 'interactive' backend 0"
+
+
+def _head(status: bytes = b"200 OK", *fields: bytes) -> bytes:
+    return b"HTTP/1.1 " + status + b"\r\n" + b"".join(f + b"\r\n" for f in fields) + b"\r\n"
+
+
+def _json(status: bytes = b"200 OK", *fields: bytes) -> bytes:
+    length = b"Content-Length: %d" % len(ANSWER)
+    return _head(status, b"Content-Type: application/json", length, *fields) + ANSWER
+
+
+def writes(data: bytes, keep: bool = True) -> Reply:
+    async def reply(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(data)
+        await writer.drain()
+        return keep
+
+    return reply
+
+
+@contextlib.asynccontextmanager
+async def hostile(*replies: Reply | str, **pool: Any) -> AsyncIterator[tuple[Stack, list[RawServer]]]:
+    """A router whose interactive pool has one backend per reply (a string is a backend origin
+    as it is, such as a port nobody listens on); `pool` overrides the pool's settings."""
+    async with raw_servers() as start:
+        servers = [await start(backend(r)) for r in replies if not isinstance(r, str)]
+        found = iter(servers)
+        origins = [r if isinstance(r, str) else next(found).origin for r in replies]
+
+        def shape(_: list[str]) -> dict[str, Any]:
+            data = profile(origins)
+            data["pools"]["interactive"].update(pool)
+            return data
+
+        async with router_stack(n_backends=0, shape=shape) as stack:
+            yield stack, servers
+
+
+async def _post(
+    stack: Stack, body: Mapping[str, Any] = WHOLE, headers: Mapping[str, str] | None = None
+) -> httpx.Response:
+    async with stack.client() as client:
+        sent = {**auth("user"), **(headers or {})}
+        return await client.post("/v1/chat/completions", json=body, headers=sent)
+
+
+def _error(resp: httpx.Response, status: int, code: str) -> str:
+    """The error message of an envelope, after checking it names no backend address."""
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code
+    message: str = error["message"]
+    _names_no_address(message)
+    return message
+
+
+def _names_no_address(text: str) -> None:
+    assert "127.0.0.1" not in text and "http://" not in text, text
+
+
+# -- oversized heads ---------------------------------------------------------------------------
+
+
+def _many_fields(count: int) -> bytes:
+    return _head(b"200 OK", *(b"X-F%d: v" % i for i in range(count)), b"Content-Length: 0")
+
+
+async def _flood(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    await stream_head_field(writer, 1024 * 1024)
+    return False
+
+
+@pytest.mark.parametrize("reply", [_flood, writes(_many_fields(10_000))], ids=["1MB-field", "10000-fields"])
+async def test_an_oversized_response_head_is_a_502(reply: Reply) -> None:
+    async with hostile(reply) as (stack, servers):
+        resp = await _post(stack)
+    assert _error(resp, 502, "upstream_protocol_error").startswith(LABEL + ": ")
+    assert len(servers[0].posts) == 1
+
+
+# -- headers the client must not see ------------------------------------------------------------
+
+LEAKY = (
+    b"Connection: keep-alive, X-Hop",
+    b"X-Hop: internal",
+    b"Proxy-Connection: keep-alive",
+    b"Keep-Alive: timeout=5",
+    b"Set-Cookie: session=backend",
+    b'WWW-Authenticate: Bearer realm="vllm"',
+    b"X-Powered-By: vllm",
+    b"Server: evil-backend",
+    b"X-Request-Id: chosen-by-the-backend",
+    b"Retry-After: 99",
+    b"X-Ratelimit-Remaining-Requests: 7",
+)
+DROPPED = (
+    *("x-hop", "proxy-connection", "keep-alive", "set-cookie", "www-authenticate", "x-powered-by"),
+    *("retry-after", "x-ratelimit-remaining-requests"),
+)
+
+
+async def test_only_allowlisted_response_headers_reach_the_client() -> None:
+    async with hostile(writes(_json(b"200 OK", *LEAKY))) as (stack, _):
+        resp = await _post(stack, headers={"x-request-id": "the-clients-id"})
+    assert resp.status_code == 200 and resp.content == ANSWER
+    assert resp.headers["content-type"] == "application/json"
+    assert resp.headers["content-length"] == str(len(ANSWER))
+    assert resp.headers["x-request-id"] == "the-clients-id"
+    assert resp.headers["x-lane-router-lane"] == "chat"
+    assert [name for name in DROPPED if name in resp.headers] == []
+    assert resp.headers.get("server") != "evil-backend"
+
+
+async def test_a_streams_length_is_dropped_because_an_error_event_may_follow() -> None:
+    event = b"data: {}\n\n"
+    head = _head(b"200 OK", b"Content-Type: text/event-stream", b"Content-Length: %d" % len(event), *LEAKY)
+    async with hostile(writes(head + event)) as (stack, _):
+        resp = await _post(stack, STREAM)
+    assert resp.status_code == 200 and resp.content == event
+    assert "content-length" not in resp.headers
+    assert [name for name in DROPPED if name in resp.headers] == []
+
+
+@pytest.mark.parametrize("status", [b"401 Unauthorized", b"403 Forbidden"])
+async def test_a_backend_refusing_the_pool_key_is_a_502_counted_and_logged_once(
+    status: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = _json(status, b'WWW-Authenticate: Bearer realm="vllm"')
+    caplog.set_level(logging.WARNING, logger="lane_router.forward")
+    async with hostile(writes(refusal)) as (stack, servers):
+        responses = [await _post(stack) for _ in range(3)]
+        exposition = stack.state.metrics.exposition().decode()
+    for resp in responses:
+        assert _error(resp, 502, "upstream_auth_failed").startswith(LABEL + ": ")
+        assert "www-authenticate" not in resp.headers
+    assert len(servers[0].posts) == 3
+    counted = f'backend="{servers[0].origin}",pool="interactive",reason="upstream_auth_failed"}} 3.0'
+    assert counted in exposition
+    warnings = [r for r in caplog.records if r.name == "lane_router.forward"]
+    assert len(warnings) == 1 and servers[0].origin in warnings[0].getMessage()
+
+
+# -- no replay once the request went out --------------------------------------------------------
+
+
+async def _reset(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    writer.transport.abort()  # the whole request was read: reset instead of answering
+    return False
+
+
+async def test_a_backend_resetting_after_reading_the_request_gets_it_once() -> None:
+    async with hostile(_reset, _reset) as (stack, servers):
+        resp = await _post(stack)
+        retries = stack.state.metrics.exposition().decode()
+    assert _error(resp, 502, "upstream_closed").endswith("closed the connection before responding")
+    assert sum(len(s.posts) for s in servers) == 1
+    assert 'lane_router_retries_total{pool="interactive"}' not in retries
+
+
+# -- time bounds ---------------------------------------------------------------------------------
+
+
+async def _dribble(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    await dribble(writer, _json())  # each byte well within the read timeout
+    return False
+
+
+async def test_a_dribbled_head_is_cut_at_head_read_timeout() -> None:
+    async with hostile(_dribble, head_read_timeout_s=0.5, read_timeout_s=5.0) as (stack, _):
+        started = time.monotonic()
+        resp = await _post(stack)
+        elapsed = time.monotonic() - started
+    assert _error(resp, 504, "upstream_timeout").startswith(LABEL + ": response head incomplete")
+    assert 0.5 <= elapsed < 2.5
+
+
+async def _slow_whole(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    await asyncio.sleep(0.8)  # generating a non-streamed answer: silent for four read timeouts
+    writer.write(_json())
+    return True
+
+
+async def test_a_slow_non_streamed_answer_is_not_cut_by_the_read_timeout() -> None:
+    async with hostile(_slow_whole, read_timeout_s=0.2, response_head_timeout_s=10.0) as (stack, _):
+        resp = await _post(stack)
+    assert resp.status_code == 200 and resp.content == ANSWER
+
+
+async def test_a_silent_backend_is_a_504_at_the_response_head_timeout() -> None:
+    async def silent(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        await reader.read()  # until the router gives up and closes
+        return False
+
+    async with hostile(silent, response_head_timeout_s=0.3) as (stack, _):
+        resp = await _post(stack)
+    assert _error(resp, 504, "upstream_timeout") == LABEL + ": no response within 0.3s"
+
+
+async def test_a_head_then_death_before_the_body_is_a_502_not_a_200() -> None:
+    head = _head(b"200 OK", b"Content-Type: application/json", b"Content-Length: 100")
+    async with hostile(writes(head, keep=False)) as (stack, _):
+        resp = await _post(stack)
+    assert _error(resp, 502, "upstream_closed").startswith(LABEL + ": ")
+
+
+async def test_a_stream_cut_short_ends_with_an_error_event_naming_no_address() -> None:
+    head = _head(b"200 OK", b"Content-Type: text/event-stream", b"Transfer-Encoding: chunked")
+    async with hostile(writes(head + b"9\r\ndata: 1\n\n\r\n", keep=False)) as (stack, _):
+        resp = await _post(stack, STREAM)
+    assert resp.status_code == 200
+    first, error = [e for e in resp.text.split("\n\n") if e]
+    assert first == "data: 1"
+    message = orjson.loads(error.removeprefix("data: "))["error"]["message"]
+    assert message.startswith(LABEL + ": ")
+    _names_no_address(message)
+
+
+async def test_a_refused_connection_names_the_backend_by_its_index() -> None:
+    async with hostile(f"http://127.0.0.1:{closed_port()}") as (stack, _):
+        resp = await _post(stack)
+    assert _error(resp, 502, "upstream_connect_error") == LABEL + ": cannot connect: connection refused"
+
+
+# -- idle connections ----------------------------------------------------------------------------
+
+
+async def test_idle_upstream_connections_are_closed_before_the_keepalive_expires() -> None:
+    answered: list[float] = []
+    closed: list[float] = []
+
+    async def answer(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(_json())
+        await writer.drain()
+        answered.append(time.monotonic())  # the router parks the connection after this
+        await reader.read()  # the router's close of this idle connection, seen by the backend
+        closed.append(time.monotonic())
+        return False
+
+    async with hostile(answer, upstream_keepalive_s=0.4) as (stack, _):
+        resp = await _post(stack)
+        await wait_until(lambda: bool(closed), "the backend to see its idle connection closed", 3)
+    assert resp.status_code == 200
+    assert 0.4 - 0.05 <= closed[0] - answered[0] < 0.4 + 0.5
