@@ -17,6 +17,7 @@ RUN groupadd --system --gid 10001 lane-router \
 
 WORKDIR /build
 COPY pyproject.toml README.md ./
+# The proxy only: .dockerignore keeps the lab (router/lab/) and the renderers (router/deploy/) out.
 COPY router ./router
 RUN pip install --no-cache-dir . \
     && rm -rf /build

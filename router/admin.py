@@ -24,7 +24,7 @@ def lanes_report(runtime: Runtime) -> dict[str, Any]:
         "lanes": {
             lane.name: {
                 "pool": lane.pool.name,
-                "balance": lane.config.balance,
+                "balance": lane.config.balance.strategy,
                 "priority": lane.config.priority,
                 "max_in_flight": lane.config.max_in_flight,
                 "in_flight": lane.in_flight,

@@ -1,15 +1,15 @@
 """Admission decisions, pure: may a request start now, and on which backend of its pool?
 
 A request outside its lane's shape (`max_prompt_tokens`, `max_output_tokens`) is refused;
-then two limits apply (DESIGN request path step 5):
+then two limits apply (docs/design.md, the request path):
 
 * per lane, `max_in_flight` requests at once;
-* per backend, the source's chunked-prefill rule enforced by the router on any vLLM version: at
+* per backend, the partial-prefill rule of vLLM before 0.27, enforced by the router on any version: at
   most `max_prefilling` requests still waiting for their first token, of which at most
   `max_long_prefilling` long ones. `max_long_prefilling < max_prefilling` (validated), so
   however many long prompts are queued, a short one always finds room to enter the scheduler.
 
-The waiting itself (a priority queue with deadlines) is `router.gate.PoolGate`; this module
+The waiting itself (a priority queue with deadlines) is `router.poolgate.PoolGate`; this module
 holds only the rules, so the virtual-clock simulator and tests can call them directly.
 """
 

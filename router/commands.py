@@ -9,7 +9,6 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from router.auth import hash_key, new_key
 from router.config.load import ConfigError, load_profile
@@ -19,10 +18,13 @@ from router.evidence.records import EvidenceError
 from router.keyhygiene import is_loopback, key_issues, refusal, warning
 
 
-def register(subparsers: Any) -> None:
-    serve = subparsers.add_parser(
-        "serve", help="run the router", description="Run the router in front of the pools of a profile."
-    )
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """The arguments of `serve`, `check` or `hash-key` (router/cli.py runs the one named)."""
+    {"serve": _serve_arguments, "check": _check_arguments, "hash-key": _hash_key_arguments}[name](parser)
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.description = "Run the router in front of the pools of a profile."
     serve.add_argument("--config", type=Path, help="profile file (default: $LANE_ROUTER_CONFIG)")
     serve.add_argument("--host", help="listen address (default: $LANE_ROUTER_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: $LANE_ROUTER_PORT or 8080)")
@@ -41,13 +43,13 @@ def register(subparsers: Any) -> None:
     _slo_option(serve)
     serve.set_defaults(func=cmd_serve)
 
-    check = subparsers.add_parser(
-        "check",
-        help="validate a profile and print its lanes, pools and configuration hashes",
-        description="Validate a profile file. Exit 0 when valid; 2 with every problem and its path. "
+
+def _check_arguments(check: argparse.ArgumentParser) -> None:
+    check.description = (
+        "Validate a profile file. Exit 0 when valid; 2 with every problem and its path. "
         "With --evidence, the worst lane's decision sets the exit status: 0 PASS, 1 CONDITIONAL, 3 DEFER; "
         "evidence that cannot be used (a missing store, an unreadable, tampered or inconsistent record) "
-        "is exit 2.",
+        "is exit 2."
     )
     check.add_argument("file", type=Path)
     check.add_argument(
@@ -59,11 +61,11 @@ def register(subparsers: Any) -> None:
     _slo_option(check)
     check.set_defaults(func=cmd_check)
 
-    hk = subparsers.add_parser(
-        "hash-key",
-        help="print the sha256 to store in a profile for an API key",
-        description="Print the sha256 of an API key (read from the argument, or from stdin/prompt). "
-        "With --new, make a fresh random key and print it with its hash.",
+
+def _hash_key_arguments(hk: argparse.ArgumentParser) -> None:
+    hk.description = (
+        "Print the sha256 of an API key (read from the argument, or from stdin/prompt). "
+        "With --new, make a fresh random key and print it with its hash."
     )
     hk.add_argument("key", nargs="?", help="the key (omit to read it from stdin, safer than argv)")
     hk.add_argument("--new", action="store_true", help="generate a new random key")
@@ -95,7 +97,7 @@ def _evidence_gate(cfg: ProfileConfig, args: argparse.Namespace, directory: Path
     decision's exit status.
     """
     from router.evidence.cli import EXIT_CODES, parse_slo
-    from router.evidence.gate import admitted, lane_verdicts, verdict_table
+    from router.evidence.verdicts import admitted, lane_verdicts, verdict_table
 
     verdicts = lane_verdicts(cfg, directory, parse_slo(args.slo))
     allow = getattr(args, "allow_conditional", False)
@@ -197,7 +199,9 @@ def describe(cfg: ProfileConfig) -> str:
     lines.append(f"  {'class':<13} {'pool':<14} {'balance':<18} {'priority':>8} {'max_in_flight':>13}")
     for cls, lane in cfg.lanes.items():
         mif = lane.max_in_flight if lane.max_in_flight is not None else "-"
-        lines.append(f"  {cls.value:<13} {lane.pool:<14} {lane.balance:<18} {lane.priority:>8} {mif!s:>13}")
+        lines.append(
+            f"  {cls.value:<13} {lane.pool:<14} {lane.balance.strategy:<18} {lane.priority:>8} {mif!s:>13}"
+        )
     lines += ["", "pools:"]
     for name, pool in cfg.pools.items():
         v = pool.vllm

@@ -15,11 +15,11 @@ from prometheus_client import Histogram
 
 from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
-from router.balance import Balancer, corrected_load, make_balancer
+from router.balance import BalanceHooks, Balancer, corrected_load, make_balancer
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass
 from router.config.vllm import server_configuration_hash
-from router.gate import PoolGate
 from router.metrics import Metrics
+from router.poolgate import PoolGate
 from router.prefixes import PrefixHistory
 from router.proxy.upstream import UpstreamPool
 from router.ratelimit import MemoryRateStore, RateStore
@@ -255,7 +255,7 @@ def _buffers(cfg: ProfileConfig, metrics: Metrics) -> BufferBudget:
 
 def _build_lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics) -> Lane:
     hits = metrics.prefix_affinity_hits.labels(pool.name)
-    balancer = make_balancer(lc.balance, epsilon=lc.affinity_slack, on_hit=hits.inc)
+    balancer = make_balancer(lc.balance, BalanceHooks(on_affinity_hit=hits.inc))
     return Lane(
         cls=cls,
         config=lc,

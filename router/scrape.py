@@ -1,4 +1,4 @@
-"""Backend load from vLLM's own /metrics, for power-of-two balancing.
+"""Backend load from vLLM's own /metrics, for the balance strategies that read it.
 
 `parse_vllm_load` reads the few gauges that matter from the Prometheus text format
 (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, or the
@@ -6,8 +6,8 @@ older `vllm:gpu_cache_usage_perc`), summed over engines (data parallel ranks) an
 usage, averaged. `apply_sample` stores a sample on the backend together with the router's own
 in-flight count at that moment, which `router.balance.corrected_load` uses to correct the sample
 between scrapes. `LoadScraper` is the I/O edge: it polls the backends of every pool that has a
-power-of-two lane, on the profile's `scrape.interval_s`, each GET bounded in time and bytes
-(`router.probes`); a page too large or too slow is no sample.
+lane whose strategy reads scraped load (router/balance/), on the profile's `scrape.interval_s`,
+each GET bounded in time and bytes (`router.probes`); a page too large or too slow is no sample.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from router.balance import scrapes_load
 from router.probes import METRICS_BYTES, get_capped
 from router.runtime import Backend, Pool, Runtime
 
@@ -74,13 +75,13 @@ def apply_sample(backend: Backend, sample: LoadSample | None) -> None:
 
 
 def scraped_pools(runtime: Runtime) -> list[Pool]:
-    """Pools whose load someone reads: those with a power-of-two lane."""
-    names = {lane.pool.name for lane in runtime.lanes.values() if lane.config.balance == "power_of_two"}
+    """Pools whose load someone reads: those with a lane whose strategy reads scraped load."""
+    names = {lane.pool.name for lane in runtime.lanes.values() if scrapes_load(lane.config.balance)}
     return [runtime.pools[name] for name in sorted(names)]
 
 
 class LoadScraper:
-    """Polls the load of the current runtime's power-of-two pools until stopped."""
+    """Polls the load of the current runtime's scraped pools until stopped."""
 
     def __init__(self, current: Callable[[], Runtime]) -> None:
         self._current = current

@@ -122,13 +122,22 @@ def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConf
 
 
 def serve(settings: Settings, cfg: ProfileConfig | None = None) -> None:
+    """`lane-router serve`: the app for `cfg` (else the profile file of `settings`), served until
+    SIGINT or SIGTERM."""
+    run(build_app(settings, cfg), settings)
+
+
+def build_app(settings: Settings, cfg: ProfileConfig | None = None) -> LaneRouterApp:
     path = settings.config
     if cfg is None:
         if path is None:
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
-    state = build_state(cfg, path, settings.host)
-    app = make_app(state, settings)
+    return make_app(build_state(cfg, path, settings.host), settings)
+
+
+def run(app: LaneRouterApp, settings: Settings) -> None:
+    """Serve `app` on the router's HTTP server under uvloop until a signal stops it."""
     try:
         uvloop.run(httpserver.serve(app, server_config(settings), host=settings.host, port=settings.port))
     except httpserver.StartupFailed as err:

@@ -69,7 +69,7 @@ build_model() {
   t0=$(date +%s)
   log "building model '$size' into $out"
   mkdir -p "$MODELS"
-  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m router.realvllm.model \
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m router.lab.realvllm.model \
     --out "$out" --size "$size" || fail "building model '$size' failed"
   log "model '$size' built in $(elapsed "$t0")"
 }

@@ -11,11 +11,11 @@ import httpx
 import pytest
 import yaml
 
-from router.bench.fake_backend import FakeBackend, Seen
 from router.config.load import parse_profile
 from router.server import build_state
 from router.settings import Settings
 from router.state import RouterState
+from tests.fakebackend import FakeBackend, Seen
 from tests.profiles import profile
 from tests.servers import server_group
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.admission import PrefillLimits, choose_backend, lane_has_room
-from router.balance import LeastOutstanding, PrefixAffinity
+from router.balance.least_outstanding import LeastOutstanding
+from router.balance.prefix_affinity import PrefixAffinity
 from router.config.models import DEFAULT_LONG_PROMPT_TOKENS, PoolAdmission, PoolConfig
 from router.config.vllm import VllmSettings
 

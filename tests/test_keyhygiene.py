@@ -6,7 +6,7 @@ import pytest
 
 from router.auth import hash_key, new_key
 from router.config.models import KeyConfig
-from router.keyhygiene import KEY_HASH_PLACEHOLDER, SOURCES, digest_flaw, is_loopback, key_issues
+from router.keyhygiene import KEY_HASH_PLACEHOLDER, KEY_SOURCES, digest_flaw, is_loopback, key_issues
 
 PUBLISHED = [
     "demo-key",
@@ -36,7 +36,7 @@ def test_case_and_the_newline_of_echo_do_not_hide_a_known_key(typed: str) -> Non
     assert digest_flaw(hash_key(typed)) is not None
 
 
-@pytest.mark.parametrize("text", [t for source in SOURCES for t in source.texts])
+@pytest.mark.parametrize("text", [t for source in KEY_SOURCES for t in source.texts])
 def test_every_listed_plaintext_is_flagged(text: str) -> None:
     assert digest_flaw(hash_key(text)) is not None
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.bench.fake_backend import Behaviour
 from tests.conftest import Stack
+from tests.fakebackend import Behaviour
 from tests.profiles import MODEL, auth
 
 DOCUMENTED = {

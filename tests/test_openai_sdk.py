@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from router.bench.fake_backend import Behaviour
 from tests.conftest import Stack
+from tests.fakebackend import Behaviour
 from tests.profiles import KEYS, MODEL
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from router.bench.fake_backend import Behaviour
 from tests.conftest import Stack, router_stack
+from tests.fakebackend import Behaviour
 from tests.profiles import MODEL, auth, profile
 
 STREAM = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -12,12 +12,7 @@ from router.config.load import parse_profile
 from router.metrics import Metrics
 from router.runtime import build_runtime
 from router.scrape import LoadSample, LoadScraper, apply_sample, parse_vllm_load, scraped_pools
-from router.sim.config import EngineConfig
-from router.sim.request import new_request
-from router.sim.serve import EngineSpec, SimCluster
-from router.sim.server import ServerSettings
-from router.sim.timing import StepTimeModel
-from tests.profiles import MODEL, profile
+from tests.profiles import profile
 from tests.proxy.rawserver import Page, dribble, pages, raw_servers
 
 VLLM_V1 = """\
@@ -84,29 +79,6 @@ def test_a_sample_is_stored_with_the_routers_in_flight_count() -> None:
 def test_only_pools_with_a_power_of_two_lane_are_scraped() -> None:
     assert [p.name for p in scraped_pools(_runtime(["http://127.0.0.1:9302"]))] == ["interactive"]
     assert scraped_pools(_runtime(["http://127.0.0.1:9302"], balance="least_outstanding")) == []
-
-
-async def test_the_scraper_reads_live_simulated_servers() -> None:
-    timing = StepTimeModel(c0=0.05, c_prefill=0.0, c_decode=0.0, c_ctx=0.0)
-    config = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=1, num_gpu_blocks=512)
-    specs = [EngineSpec(0, config, timing, ServerSettings(served_model_names=(MODEL,))) for _ in range(2)]
-    async with SimCluster(specs) as cluster:
-        busy = cluster.engines[0]
-        for i in range(3):
-            busy.add_request(new_request(f"r{i}", list(range(100)), max_tokens=500, ignore_eos=True), 0.0)
-        busy.step(0.0)  # one runs (max_num_seqs 1), two wait; the engine's loop is not woken
-        rt = _runtime(cluster.urls)
-        scraper = LoadScraper(lambda: rt)
-        try:
-            await scraper.scrape(scraped_pools(rt), timeout=2.0)
-        finally:
-            await scraper.stop()
-        loaded, idle = rt.pools["interactive"].backends
-        assert loaded.scraped and idle.scraped
-        assert (loaded.scraped_running, loaded.scraped_waiting) == (1.0, 2.0)
-        assert loaded.scraped_kv_usage > 0
-        assert (idle.scraped_running, idle.scraped_waiting, idle.scraped_kv_usage) == (0.0, 0.0, 0.0)
-        assert loaded.load_score > idle.load_score
 
 
 async def test_an_unreachable_backend_loses_its_sample() -> None:

@@ -19,10 +19,11 @@ import yaml
 from router.auth import hash_key, new_key
 from router.config.load import parse_profile
 from router.metrics import Metrics
-from router.procs import free_ports, stop
 from router.runtime import build_runtime
 from router.state import RouterState
+from tests.processes import stop
 from tests.profiles import profile
+from tests.servers import free_port
 
 ADMIN_KEY = new_key()
 DEMO = {"name": "demo", "sha256": hash_key("demo-key"), "may_set_class": True}
@@ -59,7 +60,7 @@ def child_env(**extra: str) -> dict[str, str]:
 @contextlib.contextmanager
 def running(path: Path, host: str, log: Path, env: dict[str, str]) -> Iterator[str]:
     """`serve` until the block ends; yields its loopback URL once /health answers."""
-    port = free_ports(1)[0]
+    port = free_port()
     with log.open("wb") as err:
         proc = subprocess.Popen(serve_argv(path, host, port), env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -83,7 +84,7 @@ def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def run_serve(path: Path, host: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = serve_argv(path, host, free_ports(1)[0])
+    argv = serve_argv(path, host, free_port())
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 

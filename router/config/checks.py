@@ -25,7 +25,6 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _every_class_has_a_lane(cfg)
     issues += _pool_rules(cfg)
     issues += _key_rules(cfg)
-    issues += _lane_rules(cfg)
     issues += _slow_client_rules(cfg)
     issues += _token_rules(cfg)
     return issues
@@ -47,14 +46,6 @@ def _token_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
             if key.cache_group is not None
         ]
     return issues
-
-
-def _lane_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
-    return [
-        ConfigIssue(f"lanes.{cls.value}.affinity", "applies only with balance: prefix_affinity")
-        for cls, lane in cfg.lanes.items()
-        if lane.affinity == "session" and lane.balance != "prefix_affinity"
-    ]
 
 
 def _slow_client_rules(cfg: ProfileConfig) -> list[ConfigIssue]:

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from router.balance import STRATEGIES
 from router.config.checks import ConfigIssue, cross_check
 from router.config.models import ProfileConfig
 
@@ -57,10 +58,31 @@ _PHRASES = {
 
 
 def _issue(err: Any) -> ConfigIssue:
-    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-after"))]
+    return ConfigIssue(dotted(file_path(err["loc"])), _message(err).removeprefix("Value error, "))
+
+
+def file_path(loc: Sequence[int | str]) -> list[int | str]:
+    """A validation error's location as the file spells it: without the names of validators,
+    and without the tag a tagged union puts after the field (`balance.prefix_affinity.slack` is
+    `balance.slack` in the file)."""
+    out: list[int | str] = []
+    for part in loc:
+        if isinstance(part, str) and part.startswith("function-"):
+            continue
+        if out and out[-1] == "balance" and part in STRATEGIES:
+            continue
+        out.append(part)
+    return out
+
+
+def _message(err: Any) -> str:
+    ctx = err.get("ctx", {})
+    if err["type"] == "union_tag_invalid":
+        return f"unknown {ctx['discriminator'].strip(chr(39))} {ctx['tag']!r} (one of {ctx['expected_tags']})"
+    if err["type"] == "union_tag_not_found":
+        return f"needs {ctx['discriminator'].strip(chr(39))}"
     phrase = _PHRASES.get(err["type"])
-    message = phrase.format(**err.get("ctx", {})) if phrase else str(err["msg"])
-    return ConfigIssue(dotted(loc), message.removeprefix("Value error, "))
+    return phrase.format(**ctx) if phrase else str(err["msg"])
 
 
 def load_profile(path: str | Path) -> ProfileConfig:

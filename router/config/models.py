@@ -4,11 +4,13 @@ several parts of the file (lanes → pools, classes → lanes) live in `router.c
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
+from router.balance import DEFAULT as DEFAULT_BALANCE
+from router.balance import BalanceSettings, plain_form
 from router.config.vllm import VllmSettings
 from router.requestfields import ENGINE_FIELDS, LIMITED_FIELDS
 
@@ -34,9 +36,10 @@ class Strict(BaseModel):
 
 
 class PoolAdmission(Strict):
-    """Router-side partial-prefill limits per backend (SOURCES §1 point 5): at most
-    `max_prefilling` requests awaiting their first token, of which at most `max_long_prefilling`
-    long ones, so a short prompt always finds room.
+    """Router-side partial-prefill limits per backend: at most `max_prefilling` requests awaiting
+    their first token, of which at most `max_long_prefilling` long ones, so a short prompt always
+    finds room while long ones prefill — the rule of vLLM's partial-prefill flags, which vLLM
+    0.27 removed, enforced on any version.
 
     A prompt is long above `long_prompt_tokens`; unset, the pool's
     `vllm.long_prefill_token_threshold` when that is > 0, else DEFAULT_LONG_PROMPT_TOKENS.
@@ -96,29 +99,23 @@ class PoolConfig(Strict):
         return (self.model, *self.aliases)
 
 
-Balance = Literal["least_outstanding", "round_robin", "power_of_two", "prefix_affinity"]
-Affinity = Literal["prefix", "session"]
-
 DEFAULT_LONG_PROMPT_TOKENS = 1024
+# Lane fields of earlier profiles, now settings of the prefix_affinity strategy.
+_MOVED_TO_BALANCE = {"affinity": "affinity", "affinity_min_tokens": "min_tokens", "affinity_slack": "slack"}
 
 
 class LaneConfig(Strict):
     """One lane: the pool it sends to and its own policy.
 
-    `priority`: lower goes first when lanes sharing a pool wait for room. `affinity` (with
-    `balance: prefix_affinity`): `prefix` keys on the prompt's leading `affinity_min_tokens`;
-    `session` keys on `X-Session-Id`, else the body's `user`, else the prompt's leading tokens, so
-    an agent's growing context stays on one backend. `affinity_slack`: a backend above
-    (1 + slack) × the pool's mean load is passed over. `decouple`: always relay through a
-    per-stream buffer, as for a detected slow client. `max_prompt_tokens` / `max_output_tokens`:
-    the request shape the lane accepts (400 beyond it), which is also the shape its capacity
-    evidence must cover."""
+    `balance`: the strategy that picks a backend of the pool, with its own settings
+    (router/balance/, docs/balance.md): `balance: NAME`, or `balance: {strategy: NAME, ...}`.
+    `priority`: lower goes first when lanes sharing a pool wait for room. `decouple`: always relay
+    through a per-stream buffer, as for a detected slow client. `max_prompt_tokens` /
+    `max_output_tokens`: the request shape the lane accepts (400 beyond it), which is also the
+    shape its capacity evidence must cover."""
 
     pool: Name
-    balance: Balance = "least_outstanding"
-    affinity: Affinity = "prefix"
-    affinity_min_tokens: int | None = Field(None, ge=1)
-    affinity_slack: float = Field(1.0, ge=0)
+    balance: BalanceSettings = DEFAULT_BALANCE
     priority: int = Field(0, ge=0, le=100)
     max_in_flight: int | None = Field(None, ge=1)
     queue_limit: int = Field(1024, ge=0)
@@ -126,6 +123,22 @@ class LaneConfig(Strict):
     decouple: bool = False
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _affinity_moved(cls, data: Any) -> Any:
+        moved = [name for name in _MOVED_TO_BALANCE if isinstance(data, dict) and name in data]
+        if not moved:
+            return data
+        block = {"strategy": "prefix_affinity", "affinity": data.get("affinity", "prefix")}
+        block |= {_MOVED_TO_BALANCE[name]: data[name] for name in moved if name != "affinity"}
+        spelled = ", ".join(f"{key}: {value}" for key, value in block.items())
+        raise ValueError(f"{', '.join(moved)} moved into balance: write balance: {{{spelled}}}")
+
+    @field_validator("balance", mode="before")
+    @classmethod
+    def _plain_name(cls, value: Any) -> Any:
+        return plain_form(value)
 
 
 class RepeatedPrefix(Strict):

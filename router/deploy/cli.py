@@ -28,13 +28,11 @@ TARGETS = ("vllm", "compose", "k8s")
 OUTPUT_FILES = {"vllm": "vllm-serve.sh", "compose": "compose.yaml", "k8s": "lane-router.yaml"}
 
 
-def register(subparsers: Any) -> None:
-    render = subparsers.add_parser(
-        "render",
-        help="render a profile as vllm serve commands, a compose file or Kubernetes manifests",
-        description="Render a profile for deployment: 'vllm' prints one vllm serve command per backend, "
+def configure(name: str, render: argparse.ArgumentParser) -> None:
+    render.description = (
+        "Render a profile for deployment: 'vllm' prints one vllm serve command per backend, "
         "'compose' a docker compose file, 'k8s' Kubernetes manifests. Exit 2 when the profile is invalid "
-        "or asks for a flag its vLLM version lacks.",
+        "or asks for a flag its vLLM version lacks."
     )
     render.add_argument("target", choices=TARGETS)
     render.add_argument("config", type=Path, help="profile file")

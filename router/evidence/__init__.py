@@ -7,8 +7,8 @@ decision says whether a record backs a lane's target on the configuration in use
 from __future__ import annotations
 
 from router.evidence.boundary import security_boundary_note
-from router.evidence.build import new_record, pool_identity, serving_configuration
 from router.evidence.decide import Decision, FinalDecision, ReasonClass, decide, no_evidence
+from router.evidence.identity import new_record, pool_identity, serving_configuration
 from router.evidence.profile import decide_profile, lane_target, select_record
 from router.evidence.records import (
     CapacityEvidenceRecord,

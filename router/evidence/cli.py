@@ -1,24 +1,23 @@
-"""`lane-router evidence show | decide | diff`: read records, judge a lane, compare two records."""
+"""`lane-router evidence show | decide | diff`: read records, judge a lane, compare two records.
+
+The read-only half of the evidence commands, what an operator runs beside `serve`; measuring
+(`bench run --evidence`) and the worked example (`evidence example`) are the lab's.
+"""
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 from pydantic import ValidationError
 
 from router.config.load import ConfigError, load_profile
 from router.config.models import RequestClass
-from router.evidence.build import serving_configuration
 from router.evidence.decide import FinalDecision, decide
 from router.evidence.diff import changed_fields, transfer_triggers
+from router.evidence.identity import serving_configuration
 from router.evidence.profile import lane_target
 from router.evidence.reading import validation_problems
 from router.evidence.records import EvidenceError, dump_record, validated_mix
@@ -38,23 +37,19 @@ DECIDE_EPILOG = (
 )
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "evidence",
-        help="capacity evidence records: show, decide, diff",
-        description="Capacity evidence records: what was configured, what was measured, "
-        "and whether that backs a lane.",
-    )
-    actions = parser.add_subparsers(dest="evidence_action", metavar="ACTION", required=True)
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """The arguments of `evidence show`, `decide` or `diff` (router/cli.py runs the one named)."""
+    {"show": _show_arguments, "decide": _decide_arguments, "diff": _diff_arguments}[name](parser)
 
-    show = actions.add_parser("show", help="list records of a file or a store directory")
+
+def _show_arguments(show: argparse.ArgumentParser) -> None:
     show.add_argument("path", metavar="FILE|DIR")
     show.add_argument("--json", action="store_true", help="print the records as JSON")
     show.set_defaults(func=run_show)
 
-    judge = actions.add_parser(
-        "decide", help="judge a lane of a profile against a record", epilog=DECIDE_EPILOG
-    )
+
+def _decide_arguments(judge: argparse.ArgumentParser) -> None:
+    judge.epilog = DECIDE_EPILOG
     judge.add_argument("--record", required=True, metavar="FILE")
     judge.add_argument("--config", required=True, metavar="PROFILE.yaml")
     judge.add_argument("--lane", required=True, choices=[c.value for c in RequestClass])
@@ -92,54 +87,19 @@ def register(subparsers: Any) -> None:
     )
     judge.set_defaults(func=run_decide)
 
-    compare = actions.add_parser(
-        "diff",
-        help="changed fields and the retest triggers A's evidence fires for B",
-        epilog="exit status: 0 same content, 1 records differ, 2 unusable input",
-    )
+
+def _diff_arguments(compare: argparse.ArgumentParser) -> None:
+    compare.epilog = "exit status: 0 same content, 1 records differ, 2 unusable input"
     compare.add_argument("a", metavar="A")
     compare.add_argument("b", metavar="B")
     compare.set_defaults(func=run_diff)
-
-    example = actions.add_parser(
-        "example",
-        help="the worked example, for real: measure config A on the simulator, gate, change, re-measure",
-        description="Start simulated engines and the router for config A (interactive pool: TP=1, "
-        "8,192-token context, 8 sequences), measure it with `bench run --evidence`, decide every "
-        "lane with `check --evidence` and start `serve --require-evidence`; ask A's record for a "
-        "larger target (`evidence decide`); then config B (TP=2, "
-        "16,384 context): DEFER with its retest triggers, the gate refuses, B is measured and "
-        "passes; `evidence diff` compares the two chat records. Each step is a lane-router "
-        "command, printed before it runs; everything is on 127.0.0.1 and stops by itself.",
-        epilog="exit status: 0 the run came out as documented, 1 it did not (each difference is "
-        "printed), 2 unusable input",
-    )
-    example.add_argument(
-        "--out", type=Path, metavar="DIR", help="new or empty directory (default: evidence-example-<time>)"
-    )
-    example.add_argument(
-        "--rate", type=float, default=2.5, help="requests/s of each measurement (default 2.5)"
-    )
-    example.add_argument(
-        "--duration", type=float, default=24.0, help="seconds of arrivals of each measurement (default 24)"
-    )
-    example.add_argument(
-        "--warmup", type=float, default=3.0, help="seconds of unmeasured load first (default 3)"
-    )
-    example.add_argument(
-        "--preset", default="h100-llama3-8b", help="simulator preset (default h100-llama3-8b)"
-    )
-    example.add_argument(
-        "--slo", action="append", default=[], metavar="KEY=VALUE", help="SLO override, as for `decide`"
-    )
-    example.set_defaults(func=run_example_command)
 
 
 def run_show(args: argparse.Namespace) -> int:
     try:
         records = load_records(args.path)
     except EvidenceError as exc:
-        return _unusable(str(exc))
+        return unusable(str(exc))
     if args.json:
         for record in records:
             sys.stdout.write(dump_record(record).decode())
@@ -158,7 +118,7 @@ def run_decide(args: argparse.Namespace) -> int:
         pool = cfg.pools[lane.pool]
         target = _with_overrides(lane_target(lane, pool), args)
     except (EvidenceError, ConfigError, ValueError) as exc:
-        return _unusable(str(exc))
+        return unusable(str(exc))
     decision = decide(record, target, serving_configuration(pool), slo)
     print(render_table(("field", "value"), decision_rows(decision, target)))
     return EXIT_CODES[decision.final_decision]
@@ -168,47 +128,13 @@ def run_diff(args: argparse.Namespace) -> int:
     try:
         a, b = read_record(args.a), read_record(args.b)
     except EvidenceError as exc:
-        return _unusable(str(exc))
+        return unusable(str(exc))
     changes = changed_fields(a, b)
     rows = [(c.path, cell(c.before), cell(c.after)) for c in changes]
     print(render_table(("field", "A", "B"), rows) if rows else "no field differs")
     fired = transfer_triggers(a, b)
     print("retest triggers (A's evidence for B): " + (", ".join(fired) or "none"))
     return 1 if changes else 0
-
-
-def run_example_command(args: argparse.Namespace) -> int:
-    from router.evidence.walkthrough import Paths, Scale, problems, run_example
-
-    began = time.monotonic()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    scale = Scale(
-        rate=args.rate, duration=args.duration, warmup=args.warmup, preset=args.preset, slo=tuple(args.slo)
-    )
-    try:
-        parse_slo(scale.slo)
-        outcome = run_example(Paths.under(args.out or Path(f"evidence-example-{stamp}")), scale, _say)
-    except (ValueError, OSError, ConfigError) as exc:
-        return _unusable(str(exc))
-    except (RuntimeError, subprocess.SubprocessError, EvidenceError) as exc:
-        # The example writes its own store: a record it cannot read back is a failed run.
-        print(f"lane-router evidence example: {exc}", file=sys.stderr)
-        return 1
-    wrong = problems(outcome)
-    for problem in wrong:
-        print(f"not as documented: {problem}")
-    if any("slo_missed" in problem for problem in wrong):
-        print(
-            "(the simulated engines run in real time on this machine's CPU: on a busy machine their "
-            "latency grows and the gate DEFERs for slo_missed, as it should)"
-        )
-    verdict = "differs from the documented example" if wrong else "came out as documented"
-    print(f"\nthe run {verdict}; {time.monotonic() - began:.0f} s; every process stopped.")
-    return 1 if wrong else 0
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 def positive_int(text: str) -> int:
@@ -268,6 +194,6 @@ def _with_overrides(target: Target, args: argparse.Namespace) -> Target:
     )
 
 
-def _unusable(message: str) -> int:
+def unusable(message: str) -> int:
     print(f"lane-router evidence: {message}", file=sys.stderr)
     return EXIT_UNUSABLE

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass
-from router.evidence.build import serving_configuration
 from router.evidence.decide import Decision, decide, no_evidence
+from router.evidence.identity import serving_configuration
 from router.evidence.records import CapacityEvidenceRecord, ServingConfiguration
 from router.evidence.targets import SloTargets, Target
 from router.evidence.triggers import retest_triggers, slice_triggers

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from router.evidence.build import knobs_hash
+from router.evidence.identity import knobs_hash
 from router.evidence.records import RECORD_VERSION, CapacityEvidenceRecord, EvidenceError
 
 

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from router.config.models import RequestClass
+from router.config.vllm import VllmCapacity
 
 SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
 # The shares of a class mix must add up to one, give or take float rounding.
@@ -73,32 +74,15 @@ class Identity(Frozen):
         return tuple(name for name, value in values.items() if not (value and value.strip()))
 
 
-class CapacityKnobs(Frozen):
-    """Every server setting that bounds capacity, as the engine ran with it."""
+class CapacityKnobs(VllmCapacity):
+    """Every server setting that bounds capacity, as the engine ran with it: the fields and
+    bounds of router/config/vllm.py `VllmCapacity`, stated once there for profiles and records
+    alike. An empty `extra_args` is left out of the record, so records of servers started without
+    extra arguments keep the content — and the id — they always had."""
 
-    tensor_parallel_size: int = Field(ge=1)
-    pipeline_parallel_size: int = Field(ge=1)
-    data_parallel_size: int = Field(ge=1)
-    max_model_len: int = Field(ge=1)
-    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
-    max_num_batched_tokens: int = Field(ge=1)
-    max_num_seqs: int = Field(ge=1)
-    max_num_active_seqs: int | None = Field(None, ge=1)
-    max_num_queued_reqs: int | None = Field(None, ge=1)
-    max_num_queued_tokens: int | None = Field(None, ge=1)
-    long_prefill_token_threshold: int = Field(0, ge=0)
-    max_num_partial_prefills: int | None = Field(None, ge=1)
-    max_long_partial_prefills: int | None = Field(None, ge=1)
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    block_size: int = Field(16, ge=1)
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    scheduling_policy: str = "fcfs"
-    stream_interval: int = Field(1, ge=1)
-    # Part of the configuration hash; left out of the record when empty, so records of servers
-    # started without extra arguments keep the content — and the id — they always had.
-    extra_args: tuple[str, ...] = Field((), exclude_if=lambda args: not args)
+    # Read as the name the record states: whether vLLM takes it is for the configuration check
+    # (router/evidence/reading.py), which names the knob a record's server could not have run.
+    scheduling_policy: str = "fcfs"  # type: ignore[assignment]
 
 
 class MeasurementProtocol(Frozen):

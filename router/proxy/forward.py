@@ -1,6 +1,6 @@
 """Sending one admitted request to a backend of its lane's pool and relaying the answer.
 
-Admission (router.gate) hands out the backend; the request holds its ticket until it ends. The
+Admission (router.poolgate) hands out the backend; the request holds its ticket until it ends. The
 relay writes every upstream read to the client as it arrives (bytes as received, never
 re-encoded), under the headers `client_headers` lets through. A backend may be swapped for
 another only while it provably has not started the request (`UpstreamError.retryable`, or vLLM's
@@ -31,7 +31,7 @@ from router.errors import (
     UpstreamError,
     error_event,
 )
-from router.gate import PoolGate, Ticket
+from router.poolgate import PoolGate, Ticket
 from router.proxy.response_headers import client_headers
 from router.proxy.upstream import UpstreamResponse
 from router.ratelimit import USAGE_TAIL_BYTES

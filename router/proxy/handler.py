@@ -13,19 +13,19 @@ import time
 from router.admission import outside_lane_shape
 from router.asgi import Message, Receive, Send
 from router.auth import ApiKey
-from router.balance import Affinity, AffinityKey
+from router.balance import Affinity, AffinityRequest, routes_on_affinity
+from router.balance import affinity_for as balance_affinity
 from router.classify import Classification, Signals, classify, parse_class_header
 from router.errors import BadRequest, NotFound, PayloadTooLarge, RouterError, Unavailable
-from router.facts import PREFIX_BLOCK_CHARS, Endpoint, RequestFacts, parse_facts
-from router.gate import Ticket
+from router.facts import Endpoint, RequestFacts, parse_facts
 from router.metrics import RouteMetrics
+from router.poolgate import Ticket
 from router.proxy.forward import Exchange, forward
 from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
 from router.requestfields import check_fields
 from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
-from router.tokens import CHARS_PER_TOKEN
 
 WATCH_AFTER_S = 0.02
 
@@ -141,31 +141,18 @@ async def seen_slow(
 
 
 def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
-    """What a prefix-affinity lane routes on; the prompt's block chain covers the whole message
-    list, and prompts shorter than `affinity_min_tokens` get no affinity.
-
-    `affinity: prefix` (RAG): the rendezvous key is the chain's block at `affinity_min_tokens`,
-    the shared document. `affinity: session` (agent loops): `X-Session-Id`, else the body's
-    `user`, else the prompt itself (its last block) — a conversation's first request is placed
-    by its own content, and each later one, which extends it, follows it through the balancer's
-    memory of recent prompts."""
-    lc = lane.config
-    if lc.balance != "prefix_affinity":
+    """What the lane's balance strategy routes this request on (router/balance/): the prompt's
+    block chain over the whole message list, the body's `user`, `X-Session-Id`, and the
+    profile's repeated-prefix length as the default depth; None for strategies that route on none."""
+    if not routes_on_affinity(lane.config.balance):
         return None
-    min_tokens = lc.affinity_min_tokens or runtime.config.classify.repeated_prefix.min_tokens
-    depth = max(1, -(-min_tokens * CHARS_PER_TOKEN // PREFIX_BLOCK_CHARS))
-    chain = facts.prefix_chain
-    if lc.affinity == "session":
-        if session:
-            return AffinityKey(b"session\x00" + session, chain, depth)
-        if facts.user:
-            return AffinityKey(b"user\x00" + facts.user.encode(), chain, depth)
-        if len(chain) < depth:
-            return None
-        return AffinityKey(chain[-1], chain, depth)
-    if len(chain) < depth:
-        return None
-    return AffinityKey(chain[depth - 1], chain, depth)
+    request = AffinityRequest(
+        chain=facts.prefix_chain,
+        user=facts.user,
+        session=session,
+        default_min_tokens=runtime.config.classify.repeated_prefix.min_tokens,
+    )
+    return balance_affinity(lane.config.balance, request)
 
 
 def _client_address(scope: Message) -> str | None:

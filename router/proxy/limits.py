@@ -1,5 +1,5 @@
 """What a backend may take, in time and bytes, before and while it answers; and the one timer per
-upstream connection that enforces the time limits (`router.proxy.connection`)."""
+upstream connection that enforces the time limits (`router.proxy.upstream_connection`)."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from router.errors import UpstreamConnectError
-from router.proxy.connection import UpstreamConnection
 from router.proxy.http1 import build_head, parse_origin
 from router.proxy.limits import ResponseLimits
+from router.proxy.upstream_connection import UpstreamConnection
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
 _TIMER_SLACK = 0.005

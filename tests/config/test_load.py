@@ -108,7 +108,7 @@ def test_omitted_settings_take_their_documented_defaults() -> None:
     cfg = parse_profile(valid_profile())
 
     assert cfg.max_body_bytes == 4 * 1024 * 1024
-    assert cfg.lanes[RequestClass.LONG_CONTEXT].balance == "least_outstanding"
+    assert cfg.lanes[RequestClass.LONG_CONTEXT].balance.strategy == "least_outstanding"
     assert cfg.keys[0].max_concurrency is None
     assert cfg.keys[0].may_set_class is False
 

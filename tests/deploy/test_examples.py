@@ -57,7 +57,7 @@ def test_example_profile_is_class_aware() -> None:
     assert pool[RequestClass.AGENT] is interactive and pool[RequestClass.LONG_CONTEXT] is large
     assert interactive.vllm.max_num_batched_tokens < large.vllm.max_num_batched_tokens
     assert interactive.vllm.max_num_seqs < large.vllm.max_num_seqs
-    assert profile.lanes[RequestClass.RAG].balance == "prefix_affinity"
+    assert profile.lanes[RequestClass.RAG].balance.strategy == "prefix_affinity"
     assert pool[RequestClass.RAG].vllm.enable_prefix_caching
     assert (
         len(

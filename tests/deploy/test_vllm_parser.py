@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from router.deploy.render_vllm import ServeCommand, serve_plan
-from router.realvllm.install import VllmInstall, VllmSetupMissing, locate
+from router.lab.realvllm.install import VllmInstall, VllmSetupMissing, locate
 from tests.deploy.samples import example
 
 pytestmark = pytest.mark.vllm

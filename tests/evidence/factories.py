@@ -18,7 +18,7 @@ from router.config.load import parse_profile
 from router.config.models import ProfileConfig, RequestClass
 from router.config.vllm import VllmSettings
 from router.evidence.boundary import security_boundary_note
-from router.evidence.build import knobs_hash, new_record, serving_configuration, workload_sha256
+from router.evidence.identity import knobs_hash, new_record, serving_configuration, workload_sha256
 from router.evidence.records import (
     CapacityEvidenceRecord,
     LatencySummary,

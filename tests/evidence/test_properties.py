@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from router.config.models import PoolConfig
 from router.config.vllm import VllmSettings
-from router.evidence.build import knobs_hash, new_record, serving_configuration
 from router.evidence.decide import FinalDecision, RetestState, decide
+from router.evidence.identity import knobs_hash, new_record, serving_configuration
 from router.evidence.reading import parse_record
 from router.evidence.records import (
     CapacityEvidenceRecord,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from router.evidence.build import knobs_hash
 from router.evidence.decide import decide
+from router.evidence.identity import knobs_hash
 from router.evidence.reading import parse_record
 from router.evidence.records import CapacityEvidenceRecord, EvidenceError, dump_record
 from router.evidence.targets import SloTargets

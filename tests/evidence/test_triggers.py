@@ -4,7 +4,7 @@ import pytest
 
 from router.config.models import RequestClass
 from router.config.vllm import VllmSettings
-from router.evidence.build import capacity_knobs, serving_configuration
+from router.evidence.identity import capacity_knobs, serving_configuration
 from router.evidence.records import MeasuredSlice, TokenRange
 from router.evidence.targets import Target
 from router.evidence.triggers import (

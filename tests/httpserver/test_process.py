@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from router.bench.fake_backend import Behaviour, FakeBackend
+from tests.fakebackend import Behaviour, FakeBackend
 from tests.httpserver.raw import Raw, request
 from tests.profiles import MODEL, auth, profile
 from tests.servers import free_port, server_group

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from router.bench.fake_backend import Behaviour
 from tests.conftest import router_stack
+from tests.fakebackend import Behaviour
 from tests.profiles import MODEL, auth, profile
 
 SHORT = "hello there"

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.bench.fake_backend import Seen
 from router.requestfields import ENGINE_FIELDS, OPEN_FIELDS
 from tests.conftest import Stack, router_stack
+from tests.fakebackend import Seen
 from tests.profiles import MODEL, auth, profile
 
 

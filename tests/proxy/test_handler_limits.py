@@ -9,10 +9,9 @@ from typing import Any
 import orjson
 
 from router.auth import hash_key
-from router.bench.fake_backend import Behaviour
 from tests.conftest import router_stack
+from tests.fakebackend import Behaviour
 from tests.profiles import MODEL, auth, profile
-from tests.simstack import sim_stack
 
 LIMITED = "limited-key-0123456789"
 
@@ -67,8 +66,7 @@ async def test_tokens_per_minute_are_corrected_by_the_reported_usage() -> None:
 
 async def test_usage_of_a_stream_comes_from_its_last_event() -> None:
     tpm = 12_000  # refills 200 tokens/s: the check allows for the time the test takes
-    data = with_limited_key(tpm=tpm)(["http://127.0.0.1:1"])
-    async with sim_stack(data) as stack, stack.client() as client:
+    async with router_stack(n_backends=1, shape=with_limited_key(tpm=tpm)) as stack, stack.client() as client:
         stream = {
             **WHOLE,
             "max_tokens": 1000,
@@ -122,7 +120,11 @@ async def test_concurrency_limit() -> None:
 
 def session_shape(urls: list[str]) -> dict[str, Any]:
     data = profile(urls)
-    data["lanes"]["agent"].update(balance="prefix_affinity", affinity="session", affinity_min_tokens=64)
+    data["lanes"]["agent"]["balance"] = {
+        "strategy": "prefix_affinity",
+        "affinity": "session",
+        "min_tokens": 64,
+    }
     return data
 
 

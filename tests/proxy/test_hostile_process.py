@@ -15,7 +15,7 @@ import httpx
 import orjson
 import yaml
 
-from router.bench.stack import wait_ready
+from tests.processes import wait_ready
 from tests.profiles import MODEL, auth, profile
 from tests.proxy.rawserver import Request, backend, ok, raw_servers, stream_head_field
 from tests.servers import free_port
@@ -53,7 +53,7 @@ async def router_process(config: Path) -> AsyncIterator[tuple[str, int]]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_ready(url, {}, 30.0)
+        await wait_ready(url)
         yield url, proc.pid
     finally:
         proc.terminate()

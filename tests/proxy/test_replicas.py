@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from router.auth import hash_key
-from router.bench.fake_backend import Behaviour, FakeBackend
 from router.config.load import parse_profile
 from router.server import build_state
 from router.state import RouterState
+from tests.fakebackend import Behaviour, FakeBackend
 from tests.profiles import MODEL, auth, profile
 from tests.proxy.test_slow_clients import TOKENS, finished, read_slowly, stream_body
 from tests.proxy.test_slow_clients import shape as slow_shape
@@ -226,7 +226,10 @@ async def test_redis_stopped_mid_run_each_policy_holds_and_redis_back_restores_t
 
 def rag_shape(urls: list[str]) -> dict[str, Any]:
     data = profile(urls)
-    data["lanes"]["rag"]["affinity_slack"] = 100.0  # placement by the hash alone
+    data["lanes"]["rag"]["balance"] = {
+        "strategy": "prefix_affinity",
+        "slack": 100.0,
+    }  # placement by the hash alone
     return data
 
 

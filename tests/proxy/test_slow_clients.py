@@ -14,11 +14,11 @@ from typing import Any
 import h11
 import orjson
 
-from router.bench.fake_backend import Behaviour, FakeBackend
 from router.config.load import parse_profile
 from router.server import build_state
 from router.state import RouterState
 from tests.conftest import router_stack
+from tests.fakebackend import Behaviour, FakeBackend
 from tests.profiles import MODEL, auth, profile
 from tests.servers import server_group
 

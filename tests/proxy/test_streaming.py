@@ -8,8 +8,8 @@ import time
 
 import orjson
 
-from router.bench.fake_backend import Behaviour
 from tests.conftest import Stack, router_stack
+from tests.fakebackend import Behaviour
 from tests.profiles import MODEL, auth, profile
 from tests.servers import free_port
 

@@ -21,10 +21,10 @@ from router.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from router.proxy.connection import HIGH_WATER, UpstreamConnection
 from router.proxy.http1 import body_is_delimited, build_head, parse_origin
 from router.proxy.limits import ResponseLimits
 from router.proxy.upstream import PoolStats, UpstreamPool
+from router.proxy.upstream_connection import HIGH_WATER, UpstreamConnection
 from tests.proxy.rawserver import (
     CHUNKED_HEAD,
     LAST_CHUNK,

@@ -1,0 +1,143 @@
+"""What every balance strategy shares: the candidate a balancer sees, the affinity it may route
+on, a scraped load corrected by the router's own sends, and how a strategy declares itself.
+
+Pure: a balancer sees only the candidates' counters and stable names, never sockets or requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+
+class Candidate(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def load_score(self) -> float: ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityKey:
+    """What an affinity strategy routes on: `key` is ranked by rendezvous hashing (the same on
+    every router replica); `chain` is the prompt's block fingerprints (router.facts.prefix_chain,
+    over the whole message list), matched against the prompts recently sent to each backend so a
+    growing context follows the backend that holds it. Matches shorter than `min_depth` blocks
+    do not count."""
+
+    key: bytes
+    chain: tuple[bytes, ...] = ()
+    min_depth: int = 1
+
+
+Affinity = AffinityKey | bytes | None
+
+
+class Balancer(Protocol):
+    name: str
+
+    def pick(self, candidates: Sequence[C], affinity: Affinity) -> C: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityRequest:
+    """What a request offers an affinity strategy: its prompt's block chain, the body's `user`,
+    the `X-Session-Id` header, and the profile's repeated-prefix length (the default depth)."""
+
+    chain: tuple[bytes, ...]
+    user: str | None
+    session: bytes | None
+    default_min_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceHooks:
+    """What a balancer may report back: `on_affinity_hit` when a request went to its preferred
+    backend (the `lane_router_prefix_affinity_hits_total` counter of the lane's pool)."""
+
+    on_affinity_hit: Callable[[], None] | None = None
+
+
+class StrategySettings(BaseModel):
+    """A lane's `balance:` block. Each strategy's own model narrows `strategy` to its name (the
+    tag of the union the lane config validates against) and adds the settings it takes. A block
+    that holds nothing but the name is written back as the name (`balance: round_robin`), as a
+    profile spells it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strategy: str
+
+    @model_serializer(mode="wrap")
+    def _plain_when_bare(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        return self.strategy if isinstance(data, dict) and data.keys() == {"strategy"} else data
+
+
+S = TypeVar("S", bound=StrategySettings)
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy(Generic[S]):
+    """A strategy as the registry knows it: its settings model, how one lane's balancer is
+    built, and what the strategy needs from the rest of the router. `scrapes_load`: its picks
+    read the backends' own vLLM load (router/scrape.py polls the pools of such lanes).
+    `affinity`: the key it routes each request on (None: it routes on none)."""
+
+    settings: type[S]
+    build: Callable[[S, BalanceHooks], Balancer]
+    scrapes_load: bool = False
+    affinity: Callable[[S, AffinityRequest], Affinity] | None = None
+
+    @property
+    def name(self) -> str:
+        tag: Any = self.settings.model_fields["strategy"].default
+        return str(tag)
+
+
+class Rotation:
+    """The least of the candidates by some measure; ties rotate, so equal backends share the load
+    even when they sit behind busier ones."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def least(self, candidates: Sequence[C], measure: Callable[[C], float]) -> C:
+        lowest = min(measure(c) for c in candidates)
+        tied = [c for c in candidates if measure(c) == lowest]
+        self._turn += 1
+        return tied[self._turn % len(tied)]
+
+
+# Weights of scraped vLLM load in `corrected_load`: a waiting request delays a new arrival more
+# than a running one (it is ahead in the queue and the batch is already full), and a nearly full
+# KV cache means the next admission may preempt.
+WAITING_WEIGHT = 1.0
+KV_WEIGHT = 4.0
+
+
+def corrected_load(
+    in_flight: int,
+    in_flight_at_scrape: int,
+    running: float,
+    waiting: float,
+    kv_usage: float,
+    scraped: bool,
+) -> float:
+    """A backend's load from its last scrape, corrected by what this router did since: every
+    request sent (or finished) after the scrape moves the scraped count by one. Never below the
+    router's own in-flight count, which is exact for this replica."""
+    if not scraped:
+        return float(in_flight)
+    outstanding = max(float(in_flight), running + waiting + (in_flight - in_flight_at_scrape))
+    return outstanding + WAITING_WEIGHT * waiting + KV_WEIGHT * kv_usage

@@ -1,0 +1,154 @@
+"""The router's own routing decisions, driven by virtual time: a `pick` for the simulator.
+
+Nothing here decides anything itself. A runtime is built from the profile with the router's
+`build_runtime` (its lanes, their balancers, the repeated-prefix memory, the token counter), and
+each arrival goes through the same steps as `router.proxy.handler`: `parse_facts` →
+repeated-prefix sighting → `classify` → the class's lane → the lane's balancer over the lane
+pool's backends, with the handler's `affinity_for`. The differences are the clock — the
+prefix and slow-client memories are fed virtual time instead of the wall clock — and how a slow
+client is noticed: the relay measures undelivered bytes on real sockets, here they come from the
+modelled reader (`router.lab.bench.reader`) and the simulator's own SSE bytes.
+
+Not modelled: the router's admission (lane `max_in_flight`, per-backend prefill limits, the
+priority queue with deadlines). Every request is placed at once; waiting happens in the engine's
+own queue, first come first served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from router.auth import ApiKey
+from router.balance import corrected_load
+from router.classify import Signals, classify
+from router.config.models import ProfileConfig, RequestClass
+from router.errors import RouterError
+from router.facts import parse_facts
+from router.lab.bench.reader import ReadStream, first_lag
+from router.lab.sim.protocol import ChunkWriter
+from router.lab.sim.vclock import BackendState, TraceRequest
+from router.metrics import Metrics
+from router.proxy.handler import affinity_for
+from router.runtime import Runtime, build_runtime
+from router.slowclient import client_identity
+from router.tokens import CHARS_PER_TOKEN
+
+
+def open_key(name: str = "bench") -> ApiKey:
+    """A key with no restriction: the workload's clients may send any class and model."""
+    return ApiKey(
+        name=name,
+        digest=b"",
+        classes=None,
+        models=None,
+        pin_class=None,
+        may_set_class=False,
+        admin=False,
+        metrics=False,
+        rpm=None,
+        tpm=None,
+        max_concurrency=None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    cls: str
+    reason: str
+    lane: str
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A backend as a balancer sees it, its load computed by the router's `corrected_load` from
+    a fresh scrape (the simulator's engine counters at the arrival)."""
+
+    index: int
+    name: str
+    in_flight: int
+    load_score: float
+
+    @classmethod
+    def of(cls, s: BackendState) -> Seen:
+        load = corrected_load(
+            s.in_flight, s.in_flight, s.num_running, s.num_waiting, s.kv_cache_usage, scraped=True
+        )
+        return cls(s.index, s.name, s.in_flight, load)
+
+
+class VirtualRouter:
+    """`pick(states, request)` as the router would place `request` at its arrival time."""
+
+    def __init__(self, cfg: ProfileConfig, key: ApiKey | None = None) -> None:
+        # Keys are not needed to route (the caller's key is given) and may name env variables
+        # that are not set here. The engines are simulated: prompts are counted as they count them.
+        self.runtime: Runtime = build_runtime(
+            cfg.model_copy(update={"keys": (), "tokenizer": "simulator"}), Metrics()
+        )
+        self.key = key or open_key()
+        self.decisions: dict[str, Decision] = {}
+        self.clients: dict[str, str] = {}  # request id → the X-Client-Id it carries
+        self._piece_bytes = sse_piece_bytes(cfg)
+
+    def _identity(self, request_id: str) -> str | None:
+        client = self.clients.get(request_id)
+        return None if client is None else client_identity(self.key.name, client.encode(), None)
+
+    def observe_stream(self, request_id: str, stream: ReadStream, now: float) -> None:
+        """A stream ended at `now`: remember its client as slow if the router would have seen it
+        lag (only relays that are not already decoupled measure, as in the router)."""
+        decision = self.decisions.get(request_id)
+        identity = self._identity(request_id)
+        if decision is None or identity is None:
+            return
+        if self.runtime.lanes[RequestClass(decision.lane)].config.decouple:
+            return
+        lagged_at = first_lag(stream, self._piece_bytes, self.runtime.lag.lag_bytes)
+        if lagged_at is not None:
+            self.runtime.slow_clients.mark(identity, lagged_at)
+
+    def pick(self, states: Sequence[BackendState], req: TraceRequest) -> int | None:
+        runtime = self.runtime
+        cfg = runtime.config.classify
+        try:
+            facts = parse_facts("chat", orjson.dumps(req.body), runtime.counter)
+            seen = 0
+            fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+            if fingerprint is not None:
+                seen = runtime.prefixes.observe(fingerprint, req.arrival)
+            identity = self._identity(req.request_id)
+            slow = (
+                facts.stream
+                and identity is not None
+                and self.runtime.slow_clients.is_slow(identity, req.arrival)
+            )
+            decision = classify(facts, self.key, Signals(prefix_seen=seen, slow_client=slow), cfg)
+            self.key.allow_class(decision.cls)
+        except RouterError:
+            return None
+        lane = runtime.lanes[decision.cls]
+        self.decisions[req.request_id] = Decision(
+            decision.cls.value, decision.reason.value, lane.name, lane.pool.name
+        )
+        candidates = [Seen.of(s) for s in states if s.pool == lane.pool.name]
+        if not candidates:
+            return None
+        return lane.balancer.pick(candidates, affinity_for(lane, facts, runtime)).index
+
+
+def sse_piece_bytes(cfg: ProfileConfig) -> Callable[[int], int]:
+    """Bytes of one streamed chat piece of n tokens as the simulator writes it (ids as the router
+    forwards them: 16 hex digits)."""
+    writer = ChunkWriter("chat", "chatcmpl-" + "0" * 16, pool_model(cfg), 1_700_000_000)
+    base = len(writer.text(""))
+    return lambda n: base + CHARS_PER_TOKEN * n
+
+
+def pool_model(cfg: ProfileConfig) -> str:
+    """The model the workload's clients ask for: the pool model most lanes serve."""
+    models = [cfg.pools[lane.pool].model for lane in cfg.lanes.values()]
+    return max(sorted(set(models)), key=models.count)

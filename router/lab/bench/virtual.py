@@ -1,0 +1,216 @@
+"""Run a trace on the simulator's virtual clock behind the router's own routing.
+
+Each pool of the profile becomes simulated engines — the preset's hardware with the pool's
+`vllm:` settings on top — and every arrival is placed by `VirtualRouter`. Agent sessions stay
+closed loop: the simulator reports each finished step and the next one is added `think_s`
+later. Slow readers are modelled on the client side (`router.lab.bench.reader`): an engine does not
+wait for its readers (vLLM queues output per request), so a slow reader sees its first token when
+it is produced and each later piece no sooner than its reading speed allows; the router learns
+the client is slow when what it could not deliver exceeds its `lag_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from router.config.models import ProfileConfig
+from router.lab.bench.generate import Request, SessionPlan, Trace
+from router.lab.bench.loadclient import new_outcome
+from router.lab.bench.outcome import Outcome
+from router.lab.bench.progress import Bar
+from router.lab.bench.reader import read_stream
+from router.lab.bench.realtime import ABANDONED
+from router.lab.bench.routing import VirtualRouter
+from router.lab.sim.profile import engine_config
+from router.lab.sim.timing import Preset
+from router.lab.sim.vclock import BackendSummary, RequestRecord, TraceRequest, VirtualBackend, VirtualCluster
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualOptions:
+    engines: int | None = None  # total engines; None: one per backend the profile lists
+    pool_engines: Mapping[str, int] = field(default_factory=dict)  # fixed counts for named pools
+    scrape_interval: float = 0.0
+    progress: bool = True
+    desc: str = "virtual"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolUse:
+    """How hard a pool's engines worked over the run."""
+
+    engines: int
+    busy: float  # modelled step time over engines × time to the pool's last answer (1: never idle)
+    prefix_hit_rate: float
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualRun:
+    outcomes: list[Outcome]
+    pools: dict[str, PoolUse]
+    end_time: float
+
+
+def allocate(sizes: Mapping[str, int], total: int) -> dict[str, int]:
+    """Split `total` engines over pools in proportion to `sizes` (largest remainder, at least one
+    each), so every profile can be given the same number of engines."""
+    if total < len(sizes):
+        raise ValueError(f"{total} engines cannot serve {len(sizes)} pools (one each at least)")
+    whole = sum(sizes.values())
+    quotas = {name: total * n / whole for name, n in sizes.items()}
+    counts = {name: max(1, math.floor(q)) for name, q in quotas.items()}
+    by_remainder = sorted(sizes, key=lambda n: (counts[n] - quotas[n], n))
+    i = 0
+    while sum(counts.values()) < total:
+        counts[by_remainder[i % len(by_remainder)]] += 1
+        i += 1
+    by_size = sorted(sizes, key=lambda n: (-counts[n], n))
+    i = 0
+    while sum(counts.values()) > total:
+        name = by_size[i % len(by_size)]
+        if counts[name] > 1:
+            counts[name] -= 1
+        i += 1
+    return counts
+
+
+def pool_counts(
+    cfg: ProfileConfig, engines: int | None = None, fixed: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Engines per pool: `fixed` ones as given, the rest of `engines` (default: the profile's own
+    backend count) spread over the other pools in proportion to the profile."""
+    fixed = {name: n for name, n in (fixed or {}).items() if name in cfg.pools}
+    sizes = {name: len(pool.backends) for name, pool in cfg.pools.items() if name not in fixed}
+    if not sizes:
+        return dict(fixed)
+    if engines is None and not fixed:
+        return sizes
+    total = engines if engines is not None else sum(len(p.backends) for p in cfg.pools.values())
+    return {**allocate(sizes, total - sum(fixed.values())), **fixed}
+
+
+def profile_backends(
+    cfg: ProfileConfig, preset: Preset, engines: int | None = None, fixed: Mapping[str, int] | None = None
+) -> list[VirtualBackend]:
+    counts = pool_counts(cfg, engines, fixed)
+    out: list[VirtualBackend] = []
+    for name, pool in cfg.pools.items():
+        config = engine_config(preset, pool.vllm.model_dump())
+        origins = pool.origins
+        for i in range(counts[name]):
+            # The profile's own backend names where there are enough (they feed rendezvous hashing).
+            label = origins[i] if i < len(origins) else f"http://{name}-{i}.sim:8000"
+            out.append(VirtualBackend(label, name, config, preset.timing, pool.models))
+    return out
+
+
+class _Driver:
+    def __init__(self, trace: Trace, router: VirtualRouter, backends: list[VirtualBackend], bar: Bar) -> None:
+        self.trace = trace
+        self.router = router
+        self.backends = backends
+        self.bar = bar
+        self.requests: dict[str, Request] = {}
+        self.sessions: dict[str, SessionPlan] = {}
+        self.abandoned: list[Outcome] = []
+
+    def initial(self) -> list[TraceRequest]:
+        out = []
+        for item in self.trace.items:
+            first = item.steps[0] if isinstance(item, SessionPlan) else item
+            if isinstance(item, SessionPlan):
+                self.sessions[item.session_id] = item
+            out.append(self._trace_request(first, item.arrival))
+        return out
+
+    def _trace_request(self, req: Request, at: float) -> TraceRequest:
+        self.requests[req.request_id] = req
+        self.router.clients[req.request_id] = req.client_id
+        return TraceRequest(req.request_id, at, req.body, "chat", req.cls)
+
+    def on_done(self, rec: RequestRecord, now: float) -> list[TraceRequest]:
+        self.bar.update()
+        req = self.requests[rec.request_id]
+        if req.read_rate is not None and rec.first_token is not None:
+            stream = read_stream(rec.first_token, rec.itl, rec.output_tokens, req.read_rate)
+            self.router.observe_stream(req.request_id, stream, now)
+        if req.session is None:
+            return []
+        plan = self.sessions[req.session]
+        rest = plan.steps[req.step + 1 :]
+        if not rest:
+            return []
+        if rec.status != 200 or rec.finish is None:
+            for step in rest:
+                out = new_outcome(step, now)
+                out.error = ABANDONED
+                self.abandoned.append(out)
+            self.bar.update(len(rest))
+            return []
+        nxt = rest[0]
+        return [self._trace_request(nxt, now + nxt.think_s)]
+
+    def outcome(self, rec: RequestRecord) -> Outcome:
+        req = self.requests[rec.request_id]
+        out = new_outcome(req, rec.arrival)
+        decision = self.router.decisions.get(rec.request_id)
+        if decision is not None:
+            out.lane, out.routed_class, out.reason = decision.lane, decision.cls, decision.reason
+        if rec.backend is not None:
+            out.backend = self.backends[rec.backend].name
+        out.status = rec.status if rec.status else 503  # 0: the router refused it
+        if rec.finish is None or rec.first_token is None:
+            if out.status == 200:
+                out.status, out.error = 0, "no answer"
+            return out
+        out.output_tokens = rec.output_tokens
+        out.e2e = rec.finish - rec.arrival
+        if req.stream:
+            stream = read_stream(rec.first_token, rec.itl, rec.output_tokens, req.read_rate)
+            out.e2e = max(rec.finish, stream.done) - rec.arrival
+            out.ttft = rec.first_token - rec.arrival
+            out.gaps = stream.gaps
+        else:
+            out.ttft = out.e2e
+        return out
+
+
+def run_virtual(
+    trace: Trace, cfg: ProfileConfig, preset: Preset, opts: VirtualOptions | None = None
+) -> VirtualRun:
+    """Simulate `trace` on the engines of `cfg` (or `opts.engines` of them, spread over its pools)."""
+    opts = opts or VirtualOptions()
+    backends = profile_backends(cfg, preset, opts.engines, opts.pool_engines)
+    router = VirtualRouter(cfg)
+    with Bar(trace.request_count, opts.desc, enabled=opts.progress) as bar:
+        driver = _Driver(trace, router, backends, bar)
+        cluster = VirtualCluster(backends, scrape_interval=opts.scrape_interval)
+        result = cluster.run(driver.initial(), router.pick, driver.on_done)
+    outcomes = [driver.outcome(r) for r in result.records] + driver.abandoned
+    return VirtualRun(outcomes, pool_use(result.backends, result.records), result.end_time)
+
+
+def pool_use(backends: Sequence[BackendSummary], records: Sequence[RequestRecord]) -> dict[str, PoolUse]:
+    """Per pool: engines, busy share until the pool's last answer, prefix-cache hit rate."""
+    ends: dict[str, float] = {}
+    for rec in records:
+        if rec.backend is not None and rec.finish is not None:
+            pool = backends[rec.backend].pool
+            ends[pool] = max(ends.get(pool, 0.0), rec.finish)
+    by_pool: dict[str, list[BackendSummary]] = {}
+    for b in backends:
+        by_pool.setdefault(b.pool, []).append(b)
+    out = {}
+    for name, items in by_pool.items():
+        queries = sum(b.prefix_queries for b in items)
+        span = ends.get(name, 0.0)
+        out[name] = PoolUse(
+            engines=len(items),
+            busy=sum(b.busy_time for b in items) / (len(items) * span) if span > 0 else 0.0,
+            prefix_hit_rate=sum(b.prefix_hits for b in items) / queries if queries else 0.0,
+            preemptions=sum(b.preemptions for b in items),
+        )
+    return out

@@ -1,0 +1,209 @@
+"""Load the real servers feel: a client that walks away mid-stream, and a backend at its queue limit.
+
+The `batch` server runs one sequence and admits one request (`max_num_seqs: 1`,
+`max_num_queued_reqs: 1`), so one long request sent to it directly fills it and vLLM itself
+answers the next one 503. A pool with both servers as backends then shows the router trying the
+other backend instead of failing the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from router.lab.realvllm.server import VllmServer
+from tests.lab.realvllm.conftest import RealPools
+from tests.lab.realvllm.pools import MODEL_NAME, POOL_KEYS, POOL_VLLM, SHARED_KEY
+from tests.lab.realvllm.realrouter import (
+    FINISHED,
+    GENERATED,
+    REJECTED,
+    RUNNING,
+    RealRouter,
+    real_router,
+    scrape,
+    wait_for,
+    wait_idle,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+# Far more tokens than the test waits for: at this host's ≈100–400 tokens/s it would run for
+# several seconds, so a prompt end is the router's doing, not the request's.
+LONG = 1500
+ABORT_WITHIN_S = 1.0
+
+
+async def running_after(server: VllmServer, since: float, limit: float = 5.0) -> list[tuple[float, float]]:
+    """(seconds after `since` each scrape began, requests running) until none run or `limit`."""
+    trace: list[tuple[float, float]] = []
+    while True:
+        began = time.monotonic() - since
+        running = (await scrape(server)).total(RUNNING)
+        trace.append((round(began, 3), running))
+        if running == 0 or began > limit:
+            return trace
+        await asyncio.sleep(0.02)
+
+
+def long_body(stream: bool = True) -> dict[str, Any]:
+    return {"model": MODEL_NAME, "prompt": "Tell me a long story.", "max_tokens": LONG,
+            "ignore_eos": True, "stream": stream}  # fmt: skip
+
+
+async def test_client_disconnect_aborts_the_request_on_the_server(
+    real_pools: RealPools, lane_router: RealRouter
+) -> None:
+    server = real_pools.interactive
+    await wait_idle(server)
+    before = await scrape(server)
+    stream = await lane_router.openai().completions.create(
+        model=MODEL_NAME, prompt="Tell me a long story.", max_tokens=LONG, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    try:
+        received = 0
+        async for _ in stream:
+            received += 1
+            if received == 5:
+                break
+        # No scrape here: a scrape of a streaming vLLM can stall for seconds on this host, long
+        # enough for the request to run to its end before the client leaves.
+    finally:
+        await stream.close()
+    closed = time.monotonic()
+    trace = await running_after(server, closed)
+    print(f"\nrunning requests after the client left (s, n): {trace}", file=sys.stderr)
+    assert trace[-1][1] == 0, f"vLLM still runs the request: {trace}"
+    # A scrape reads the gauge while it is served, so only a scrape that *began* past the limit
+    # and still saw the request proves it outlived the client (a host stall can slow a scrape).
+    late = [(at, n) for at, n in trace if n > 0 and at >= ABORT_WITHIN_S]
+    assert not late, f"vLLM still ran the request {late[-1][0]:.2f}s after the client left: {trace}"
+    idle = await scrape(server)
+    # Aborted, not finished: nothing counted as done, and fewer tokens made than asked for. (How
+    # many fewer depends on the host: a stall of the server's API loop delays it noticing the
+    # closed connection while its engine keeps decoding.)
+    assert idle.completed() == before.completed()
+    made = idle.total(GENERATED) - before.total(GENERATED)
+    assert received <= made < LONG, "the request should have run, and stopped, on the interactive server"
+    assert lane_router.metric("lane_router_client_disconnects_total", phase="stream") == 1
+
+
+@pytest.fixture
+async def spill_router(real_pools: RealPools) -> AsyncIterator[RealRouter]:
+    """One pool whose backends are both servers, behind the key both accept; every lane uses it
+    (a server may belong to one pool only)."""
+    data = real_pools.profile()
+    data["pools"] = {
+        "spill": {
+            "backends": [real_pools.interactive.url, real_pools.batch.url],
+            "model": MODEL_NAME,
+            "upstream_api_key": SHARED_KEY,
+            "connect_timeout_s": 2.0,
+            "read_timeout_s": 60.0,
+            # Two differently tuned servers: the pool declares the narrower one's settings.
+            "vllm": dict(POOL_VLLM["batch"]),
+        }
+    }
+    data["lanes"] = {cls: {"pool": "spill", "balance": "round_robin"} for cls in data["lanes"]}
+    async with real_router(data) as front:
+        await front.settled()
+        yield front
+
+
+@dataclass(frozen=True)
+class SpillAttempt:
+    """What one try at sending requests past a saturated backend saw."""
+
+    conclusive: bool  # the saturating stream was still open when the router's requests returned
+    refused_status: int
+    rejected: float  # the full server's own count of requests refused at its queue limit
+    retries: float
+    upstream_503s: float
+    finished_full: float
+    finished_spare: float
+
+
+async def spill_once(full: VllmServer, spare: VllmServer, router: RealRouter) -> SpillAttempt:
+    await wait_idle(full)
+    await wait_idle(spare)
+    # Baselines before the saturating request: a scrape of a streaming vLLM can stall for seconds
+    # on this host, so none is taken while the window of saturation is open.
+    before_full, before_spare = await scrape(full), await scrape(spare)
+    retries = router.metric("lane_router_retries_total", pool="spill")
+    upstream_503s = router.metric(
+        "lane_router_upstream_errors_total", pool="spill", backend=full.url, reason="upstream_503"
+    )
+    headers = {"authorization": f"Bearer {POOL_KEYS['batch']}"}
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("POST", f"{full.url}/v1/completions", json=long_body(), headers=headers) as busy,
+    ):
+        assert busy.status_code == 200
+        events = busy.aiter_lines()
+        await anext(events)  # the first token: the request holds the server's only sequence
+        reading = asyncio.create_task(drain(events))
+        try:
+            probe = {**long_body(False), "max_tokens": 4}
+            refused = await client.post(f"{full.url}/v1/completions", json=probe, headers=headers)
+            api = router.openai()
+            for _ in range(2):
+                reply = await api.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                assert reply.choices[0].message.content is not None
+            conclusive = not reading.done()
+            await reading
+        finally:
+            reading.cancel()
+    await wait_idle(full)
+    after_full = await wait_for(full, lambda s: s.total(FINISHED) > before_full.total(FINISHED))
+    after_spare = await wait_for(spare, lambda s: s.total(FINISHED) - before_spare.total(FINISHED) >= 2)
+    return SpillAttempt(
+        conclusive=conclusive,
+        refused_status=refused.status_code,
+        rejected=after_full.total(REJECTED, reason="max_num_queued_reqs")
+        - before_full.total(REJECTED, reason="max_num_queued_reqs"),
+        retries=router.metric("lane_router_retries_total", pool="spill") - retries,
+        upstream_503s=router.metric(
+            "lane_router_upstream_errors_total", pool="spill", backend=full.url, reason="upstream_503"
+        )
+        - upstream_503s,
+        finished_full=after_full.total(FINISHED) - before_full.total(FINISHED),
+        finished_spare=after_spare.total(FINISHED) - before_spare.total(FINISHED),
+    )
+
+
+async def drain(lines: AsyncIterator[str]) -> None:
+    async for _ in lines:
+        pass
+
+
+async def test_backend_at_queue_limit_is_retried_on_the_other(
+    real_pools: RealPools, spill_router: RealRouter
+) -> None:
+    full, spare = real_pools.batch, real_pools.interactive
+    attempts: list[SpillAttempt] = []
+    # The saturating request lasts ≈5–10 s here; a long host stall can outlast it, leaving the
+    # server free before the router's requests arrive. Such an attempt proves nothing either
+    # way and is repeated.
+    while len(attempts) < 3:
+        attempts.append(await spill_once(full, spare, spill_router))
+        if attempts[-1].conclusive:
+            break
+    seen = attempts[-1]
+    assert seen.conclusive, f"the saturating request ended early in every attempt: {attempts}"
+    assert seen.refused_status == 503, "vLLM should refuse past --max-num-queued-reqs"
+    # The direct probe was refused once; the router's tries at the full server were the others.
+    assert seen.rejected >= 2, f"the router never tried the saturated backend: {seen}"
+    assert seen.retries == seen.rejected - 1
+    assert seen.upstream_503s == seen.rejected - 1
+    assert seen.finished_spare == 2, "both router requests should have been answered by the spare"
+    assert seen.finished_full == 1, "only the saturating request should have run on the full server"

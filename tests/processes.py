@@ -1,0 +1,31 @@
+"""Routers in processes of their own, for tests: waiting for one to be ready, and stopping it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+
+import httpx
+
+
+async def wait_ready(url: str, timeout: float = 30.0) -> None:
+    """Until `url` answers /ready with 200 (connection errors while it starts are expected)."""
+    async with httpx.AsyncClient(base_url=url, timeout=2.0) as client, asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get("/ready")).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `grace_s`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
