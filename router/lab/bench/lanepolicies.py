@@ -91,11 +91,11 @@ def summary(outcomes: Sequence[Outcome]) -> dict[str, float]:
     return {
         "n": float(len(outcomes)),
         "ok": float(len(ok)),
-        "ttft_p50": percentile(ttfts, 0.5),
-        "ttft_p95": percentile(ttfts, 0.95),
-        "itl_p50": percentile(gaps, 0.5),
-        "itl_p95": percentile(gaps, 0.95),
-        "e2e_p95": percentile(e2e, 0.95),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p95": percentile(ttfts, 95),
+        "itl_p50": percentile(gaps, 50),
+        "itl_p95": percentile(gaps, 95),
+        "e2e_p95": percentile(e2e, 95),
     }
 
 
@@ -267,7 +267,7 @@ async def _router_metrics(router: RouterProcess) -> dict[str, float]:
 # --- load-aware pick ------------------------------------------------------------------------------
 
 P2C_VLLM = {"max_model_len": 16384, "max_num_batched_tokens": 8192, "max_num_seqs": 256}
-LOAD_AWARE = ("round_robin", "least_outstanding", "power_of_two")
+LOAD_AWARE = ("round_robin", "least_outstanding", "power_of_two", "least_load")
 
 
 async def power_of_two(duration: float = 30.0, external_rate: float = 2.0) -> list[Row]:

@@ -9,6 +9,7 @@ from router.lab.bench import laneplans
 from router.lab.bench.generate import wire_id
 from router.lab.bench.lanepolicies import OPTIONS, lab_profile, summary
 from router.lab.bench.loadclient import Endpoint
+from router.lab.bench.outcome import Outcome
 from router.lab.bench.realtime import run_items
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.serve import EngineSpec, SimCluster
@@ -58,3 +59,15 @@ def test_the_command_line_names_every_experiment() -> None:
     from router.lab.bench.lanepolicies import EXPERIMENTS
 
     assert tuple(sorted(EXPERIMENTS)) == EXPERIMENT_NAMES
+
+
+def test_the_summary_reads_percentiles_of_the_answered_requests() -> None:
+    answered = [
+        Outcome(f"r{i}", "chat", 0.0, True, status=200, ttft=i / 100, gaps=[i / 1000], e2e=i / 10)
+        for i in range(1, 101)
+    ]
+    failed = Outcome("x", "chat", 0.0, True, status=503, ttft=9.0, e2e=9.0)
+    s = summary([*answered, failed])
+    assert (s["n"], s["ok"]) == (101.0, 100.0)
+    assert (s["ttft_p50"], s["ttft_p95"]) == (0.5, 0.95)
+    assert (s["itl_p50"], s["itl_p95"], s["e2e_p95"]) == (0.05, 0.095, 9.5)
