@@ -225,6 +225,30 @@ async def test_sim_command_serves_every_port_and_stops_on_sigint() -> None:
     assert stdout.decode().count("simulated vLLM") == 2
 
 
+async def _calibrate(url: str, out: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "router",
+        "sim",
+        "calibrate",
+        "--url",
+        url,
+        "--out",
+        str(out),
+        "--quick",
+        "--max-num-seqs",
+        "48",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ},
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, stderr.decode()
+    assert "wrote" in stdout.decode()
+
+
+@pytest.mark.timeout(400)
 async def test_sim_calibrate_command_writes_a_preset(tmp_path: Path) -> None:
     timing = StepTimeModel(c0=0.012, c_prefill=3e-5, c_decode=0.0015, c_ctx=1e-6, frontend_s=0.004)
     spec = EngineSpec(
@@ -233,33 +257,21 @@ async def test_sim_calibrate_command_writes_a_preset(tmp_path: Path) -> None:
         timing=timing,
     )
     out = tmp_path / "lab.yaml"
+    fits: list[tuple[float, float]] = []
     async with SimCluster([spec]) as cluster:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "router",
-            "sim",
-            "calibrate",
-            "--url",
-            cluster.urls[0],
-            "--out",
-            str(out),
-            "--quick",
-            "--max-num-seqs",
-            "48",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ},
-        )
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, stderr.decode()
-    assert "wrote" in stdout.decode()
-    fitted = load_preset(str(out))
+        # The probes time a real-time engine on this machine: other work on a shared host only
+        # adds time, so a measurement it spoiled is taken again (a wrong fit stays wrong).
+        while len(fits) < 3:
+            await _calibrate(cluster.urls[0], out)
+            fitted = load_preset(str(out))
+            fits.append((fitted.timing.c0, fitted.timing.c_decode))
+            if fits[-1] == pytest.approx((timing.c0, timing.c_decode), rel=0.3):
+                break
     assert fitted.name == "lab"
     # A limit no probe can see is recorded as given, and the command line says so.
     assert fitted.engine.max_num_seqs == 48 and "--max-num-seqs 48" in out.read_text()
-    assert fitted.timing.c0 == pytest.approx(timing.c0, rel=0.3)
-    assert fitted.timing.c_decode == pytest.approx(timing.c_decode, rel=0.3)
+    assert fitted.timing.c0 == pytest.approx(timing.c0, rel=0.3), fits
+    assert fitted.timing.c_decode == pytest.approx(timing.c_decode, rel=0.3), fits
 
 
 async def test_sim_calibrate_reports_an_unreachable_server(tmp_path: Path) -> None:
