@@ -52,8 +52,27 @@ class PoolAdmission(Strict):
     prefill_tokens_per_s: float | None = Field(None, gt=0)
 
 
+class DiscoveryConfig(Strict):
+    """A pool's backends found by DNS instead of listed: every A/AAAA address of `dns` (a
+    Kubernetes headless Service names exactly its ready pods), at `port`, re-resolved every
+    `interval_s`. `nameservers` (`host` or `host:port`) replace the system resolver. At most
+    `max_backends` addresses are used (the lowest, so every replica picks the same ones), which
+    also bounds the pool's metric labels."""
+
+    dns: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.-]+$")
+    port: int = Field(8000, ge=1, le=65535)
+    scheme: Literal["http"] = "http"
+    interval_s: float = Field(5.0, gt=0, le=3600)
+    max_backends: int = Field(64, ge=1, le=1024)
+    nameservers: tuple[str, ...] = ()
+
+
 class PoolConfig(Strict):
-    backends: list[HttpUrl] = Field(min_length=1)
+    """`backends` lists the pool's servers; `discovery` finds them by DNS instead (exactly one
+    of the two)."""
+
+    backends: list[HttpUrl] = Field(default_factory=list)
+    discovery: DiscoveryConfig | None = None
     model: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
     upstream_api_key_env: str | None = None
@@ -90,8 +109,15 @@ class PoolConfig(Strict):
                 )
         return urls
 
+    @model_validator(mode="after")
+    def _one_source_of_backends(self) -> PoolConfig:
+        if bool(self.backends) == (self.discovery is not None):
+            raise ValueError("set exactly one of backends (a non-empty list) and discovery")
+        return self
+
     @property
     def origins(self) -> tuple[str, ...]:
+        """The listed backends' origins (none for a pool found by discovery)."""
         return tuple(f"http://{u.host}:{u.port}" for u in self.backends)
 
     @property

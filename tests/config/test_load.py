@@ -353,7 +353,40 @@ def test_backend_with_parts_beyond_an_origin_is_rejected(backend: str) -> None:
 
 
 def test_an_empty_backend_list_is_rejected() -> None:
-    assert paths_of(mutated(_set("pools/batch/backends", []))) == {"pools.batch.backends"}
+    issues = issues_of(mutated(_set("pools/batch/backends", [])))
+    assert [path for path, _ in issues] == ["pools.batch"]
+    assert "backends" in issues[0][1] and "discovery" in issues[0][1]
+
+
+DISCOVERY = {"dns": "vllm-batch.llm.svc.cluster.local", "port": 8000, "interval_s": 5}
+
+
+def test_a_pool_may_find_its_backends_by_dns_instead() -> None:
+    def by_dns(d: dict[str, Any]) -> None:
+        del d["pools"]["batch"]["backends"]
+        d["pools"]["batch"]["discovery"] = DISCOVERY
+
+    cfg = parse_profile(mutated(by_dns))
+    found = cfg.pools["batch"].discovery
+    assert found is not None and (found.dns, found.port, found.max_backends) == (DISCOVERY["dns"], 8000, 64)
+    assert cfg.pools["batch"].origins == ()
+
+
+def test_backends_and_discovery_together_are_rejected() -> None:
+    issues = issues_of(mutated(_set("pools/batch/discovery", DISCOVERY)))
+    assert [path for path, _ in issues] == ["pools.batch"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("dns", "bad name!"), ("port", 0), ("interval_s", 0), ("max_backends", 0), ("scheme", "ftp")],
+)
+def test_discovery_fields_are_checked_with_their_paths(field: str, value: Any) -> None:
+    def by_dns(d: dict[str, Any]) -> None:
+        del d["pools"]["batch"]["backends"]
+        d["pools"]["batch"]["discovery"] = {**DISCOVERY, field: value}
+
+    assert paths_of(mutated(by_dns)) == {f"pools.batch.discovery.{field}"}
 
 
 def test_pool_names_must_be_plain_names() -> None:
