@@ -1,4 +1,8 @@
-"""The admin API: what each lane and backend is doing, and reload on demand (admin scope)."""
+"""The admin API: what each lane and backend is doing, and reload on demand (admin scope).
+
+A pool lists its backends in rotation, those joining it (found by discovery, awaiting their
+first healthy probe) and those draining (gone from it, finishing their requests); a discovery
+pool also shows what its name last answered."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 from router.asgi import Message, Receive, Send, send_json
 from router.errors import RouterError
 from router.proxy.handler import Headers
-from router.runtime import Pool, Runtime
+from router.runtime import Backend, Pool, Runtime
 from router.state import RouterState
 
 
@@ -37,21 +41,48 @@ def lanes_report(runtime: Runtime) -> dict[str, Any]:
 
 
 def _pool_report(pool: Pool) -> dict[str, Any]:
-    return {
+    report: dict[str, Any] = {
         "model": pool.config.model,
         "server_configuration_hash": pool.config_hash,
         "vllm_version": pool.config.vllm.version,
         "max_model_len": pool.config.vllm.max_model_len,
-        "backends": [
-            {
-                "url": b.name,
-                "health": b.health.value,
-                "in_flight": b.in_flight,
-                "prefilling": b.prefilling,
-                "drift": list(b.drift),
-            }
-            for b in pool.backends
-        ],
+        "backends": [_backend_report(b) for b in pool.backends],
+        "joining": [_backend_report(b) for b in pool.joining],
+        "draining": [_backend_report(b) for b in pool.draining],
+    }
+    if pool.config.discovery is not None:
+        report["discovery"] = _discovery_report(pool)
+    return report
+
+
+def _backend_report(b: Backend) -> dict[str, Any]:
+    return {
+        "index": b.index,
+        "url": b.name,
+        "health": b.health.value,
+        "in_flight": b.in_flight,
+        "prefilling": b.prefilling,
+        "drift": list(b.drift),
+    }
+
+
+def _discovery_report(pool: Pool) -> dict[str, Any]:
+    cfg = pool.config.discovery
+    assert cfg is not None
+    status = pool.discovery
+    outage = status.outage
+    return {
+        "dns": cfg.dns,
+        "port": cfg.port,
+        "interval_s": cfg.interval_s,
+        "max_backends": cfg.max_backends,
+        "nameservers": list(cfg.nameservers),
+        "resolved_at": status.resolved_at,
+        "addresses": status.addresses,
+        "truncated": status.truncated,
+        "outage": None
+        if outage is None
+        else {"reason": outage.reason, "since": outage.since, "failures": outage.failures},
     }
 
 

@@ -9,6 +9,11 @@ then two limits apply (docs/design.md, the request path):
   `max_long_prefilling` long ones. `max_long_prefilling < max_prefilling` (validated), so
   however many long prompts are queued, a short one always finds room to enter the scheduler.
 
+A process that is one of several without shared state enforces its part of each limit
+(`PrefillLimits.part`, router/slots/budget.py); with shared state the whole limits are checked
+in Redis by scripts that do this module's arithmetic (`PrefillLimits.has_room`,
+router/slots/scripts.py).
+
 The waiting itself (a priority queue with deadlines) is `router.poolgate.PoolGate`; this module
 holds only the rules, so the virtual-clock simulator and tests can call them directly.
 """
@@ -16,15 +21,16 @@ holds only the rules, so the virtual-clock simulator and tests can call them dir
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from router.balance import Affinity, Balancer, Candidate
 from router.config.models import DEFAULT_LONG_PROMPT_TOKENS, LaneConfig, PoolConfig
 from router.errors import BadRequest
+from router.slots.budget import Share, prefill_parts
 
 
-class PrefillCounts(Candidate, Protocol):
+class Prefilling(Protocol):
     @property
     def prefilling(self) -> int: ...
 
@@ -32,17 +38,23 @@ class PrefillCounts(Candidate, Protocol):
     def long_prefilling(self) -> int: ...
 
 
+class PrefillCounts(Candidate, Prefilling, Protocol):
+    pass
+
+
 B = TypeVar("B", bound=PrefillCounts)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillLimits:
-    """A pool's per-backend partial-prefill limits; `max_prefilling=None` means no limit."""
+    """A pool's per-backend partial-prefill limits; `max_prefilling=None` means no limit.
+    `processes` > 1: these are one process's parts of limits split over that many."""
 
     max_prefilling: int | None = None
     max_long_prefilling: int | None = None
     long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS
     prefill_tokens_per_s: float | None = None
+    processes: int = 1
 
     @classmethod
     def for_pool(cls, pool: PoolConfig) -> PrefillLimits:
@@ -58,6 +70,13 @@ class PrefillLimits:
             prefill_tokens_per_s=adm.prefill_tokens_per_s,
         )
 
+    def part(self, share: Share) -> PrefillLimits:
+        """This process's part of the limits (themselves when it is the only one)."""
+        if share.alone:
+            return self
+        whole, long = prefill_parts(share, self.max_prefilling, self.max_long_prefilling)
+        return replace(self, max_prefilling=whole, max_long_prefilling=long, processes=share.processes)
+
     @property
     def enabled(self) -> bool:
         return self.max_prefilling is not None
@@ -66,10 +85,11 @@ class PrefillLimits:
         return prompt_tokens > self.long_prompt_tokens
 
     def refuses(self, long: bool) -> bool:
-        """`max_long_prefilling: 0` keeps long prompts off the pool entirely."""
-        return long and self.max_long_prefilling == 0
+        """`max_long_prefilling: 0` keeps long prompts off the pool entirely; a part of 0 keeps
+        them (or, for `max_prefilling`, every prompt) off this process."""
+        return (long and self.max_long_prefilling == 0) or self.max_prefilling == 0
 
-    def has_room(self, backend: PrefillCounts, long: bool) -> bool:
+    def has_room(self, backend: Prefilling, long: bool) -> bool:
         limit = self.max_prefilling
         if limit is None:
             return True

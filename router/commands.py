@@ -12,10 +12,11 @@ from pathlib import Path
 
 from router.auth import hash_key, new_key
 from router.config.load import ConfigError, load_profile
-from router.config.models import ProfileConfig
+from router.config.models import PoolConfig, ProfileConfig
 from router.config.vllm import server_configuration_hash
 from router.evidence.records import EvidenceError
 from router.keyhygiene import is_loopback, key_issues, refusal, warning
+from router.slots.report import budget_lines
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", help="listen address (default: $LANE_ROUTER_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: $LANE_ROUTER_PORT or 8080)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    _workers_option(serve, "worker processes sharing the port (default: $LANE_ROUTER_WORKERS or 1)")
     serve.add_argument(
         "--require-evidence",
         type=Path,
@@ -58,6 +60,7 @@ def _check_arguments(check: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also print, per lane, the capacity-evidence decision for the lane's target",
     )
+    _workers_option(check, "print each worker's part of the limits, for `serve --workers N` (default 1)")
     _slo_option(check)
     check.set_defaults(func=cmd_check)
 
@@ -70,6 +73,10 @@ def _hash_key_arguments(hk: argparse.ArgumentParser) -> None:
     hk.add_argument("key", nargs="?", help="the key (omit to read it from stdin, safer than argv)")
     hk.add_argument("--new", action="store_true", help="generate a new random key")
     hk.set_defaults(func=cmd_hash_key)
+
+
+def _workers_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--workers", type=int, metavar="N", help=help)
 
 
 def _slo_option(parser: argparse.ArgumentParser) -> None:
@@ -116,29 +123,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ("host", args.host),
             ("port", args.port),
             ("log_level", args.log_level),
+            ("workers", args.workers),
         )
         if v is not None
     }
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValueError as err:
+        print(f"lane-router serve: {err}", file=sys.stderr)
+        return 2
     if args.require_evidence is not None:
         refused = _refuse_without_evidence(settings.config, args)
         if refused is not None:
             return refused
+    who = "" if settings.worker_index is None else f"worker {settings.worker_index} "
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
     )
     try:
         cfg = load_profile(settings.config) if settings.config is not None else None
         if cfg is not None and _refuse_guessable_keys(cfg, settings.host):
             return 2
-        serve(settings, cfg)
+        return serve(settings, cfg)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"lane-router serve: {err}", file=sys.stderr)
         return 2
-    return 0
 
 
 def _refuse_guessable_keys(cfg: ProfileConfig, host: str) -> bool:
@@ -183,6 +195,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print(describe(cfg))
+    workers = args.workers or 1
+    if workers < 1:
+        print("lane-router check: --workers must be at least 1", file=sys.stderr)
+        return 2
+    parts = budget_lines(cfg, workers)
+    if parts:
+        print("\n" + parts)
     if args.evidence is None:
         return 0
     try:
@@ -205,7 +224,8 @@ def describe(cfg: ProfileConfig) -> str:
     lines += ["", "pools:"]
     for name, pool in cfg.pools.items():
         v = pool.vllm
-        lines.append(f"  {name}: model={pool.model} backends={len(pool.backends)} vllm={v.version}")
+        lines.append(f"  {name}: model={pool.model} vllm={v.version}")
+        lines.append(f"    backends: {_backends_source(pool)}")
         lines.append(
             f"    max_model_len={v.max_model_len} max_num_batched_tokens={v.max_num_batched_tokens} "
             f"max_num_seqs={v.max_num_seqs} long_prefill_token_threshold={v.long_prefill_token_threshold} "
@@ -220,6 +240,14 @@ def describe(cfg: ProfileConfig) -> str:
         lines.append(f"    server_configuration_hash={server_configuration_hash(v, pool.model)}")
     lines += ["", f"keys: {len(cfg.keys)}"]
     return "\n".join(lines)
+
+
+def _backends_source(pool: PoolConfig) -> str:
+    found = pool.discovery
+    if found is None:
+        return f"{len(pool.backends)} listed"
+    via = f" via {', '.join(found.nameservers)}" if found.nameservers else ""
+    return f"dns {found.dns}:{found.port} every {found.interval_s:g}s, at most {found.max_backends}{via}"
 
 
 def cmd_hash_key(args: argparse.Namespace) -> int:

@@ -4,20 +4,25 @@ configuration (`/version`, `/v1/models` → `max_model_len`).
 
 The state transitions are plain functions over a `Backend`; `HealthChecker` is the I/O edge. Its
 GETs are bounded in time and bytes (`router.probes`): a backend answering too much or too slowly
-fails the probe."""
+fails the probe.
+
+The checker also runs the pools' discovery (router/discovery.py): a backend that discovery
+finds joins its pool's rotation after its first healthy probe, and that probe is made the
+moment it appears rather than at the next interval. A reload wakes the checker, so the backends
+it brings are probed at once too."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import httpx
 import orjson
 
 from router.config.models import HealthConfig
+from router.discovery import Discovery
 from router.metrics import Metrics
 from router.probes import HEALTH_BYTES, INFO_BYTES, get_capped
 from router.runtime import Backend, Health, Pool, Runtime
@@ -70,7 +75,8 @@ def drift_findings(pool: Pool, version: str | None, models: dict[str, Any] | Non
 
 
 class HealthChecker:
-    """Probes every backend of the current runtime on an interval, until stopped."""
+    """Probes every backend of the current runtime on an interval, until stopped; runs the
+    pools' discovery alongside."""
 
     def __init__(self, current: Callable[[], Runtime], metrics: Metrics) -> None:
         self._current = current
@@ -78,9 +84,12 @@ class HealthChecker:
         self._client = httpx.AsyncClient()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._discovery = Discovery(current, metrics, self._probe_joined)
+        self._first_probes: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="lane-router-health")
+        self._discovery.start()
 
     def poke(self) -> None:
         """Probe now (after a reload, say) instead of at the next interval."""
@@ -88,9 +97,11 @@ class HealthChecker:
 
     async def stop(self) -> None:
         try:
-            if self._task is not None:
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
+            await self._discovery.stop()
+            tasks = [t for t in (self._task, *self._first_probes) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             await self._client.aclose()
 
@@ -101,24 +112,34 @@ class HealthChecker:
             await self.probe_all(runtime, check_drift=rounds % 12 == 0)
             rounds += 1
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), runtime.config.health.interval_s)
+            await _first_of(self._wake, runtime.superseded, timeout=runtime.config.health.interval_s)
 
     async def probe_all(self, runtime: Runtime, *, check_drift: bool) -> None:
         jobs = [
             self._probe(runtime, pool, b, check_drift)
             for pool in runtime.pools.values()
-            for b in pool.backends
+            for b in pool.members
         ]
         await asyncio.gather(*jobs)
+
+    def _probe_joined(self, pool: Pool, backends: Sequence[Backend]) -> None:
+        runtime = self._current()
+        jobs = (self._probe(runtime, pool, b, check_drift=True) for b in backends)
+        task = asyncio.create_task(_gather(jobs), name=f"first-probes-{pool.name}")
+        self._first_probes.add(task)
+        task.add_done_callback(self._first_probes.discard)
 
     async def _probe(self, runtime: Runtime, pool: Pool, backend: Backend, check_drift: bool) -> None:
         cfg = runtime.config.health
         answer = await get_capped(
             self._client, backend.name + "/health", cap=HEALTH_BYTES, timeout=cfg.timeout_s
         )
+        if backend not in pool.members:
+            return  # it left the pool while the probe ran: no series may outlive it
         ok = answer is not None and answer.status == 200
         apply_probe(backend, ok, cfg, self._metrics)
+        if backend.health is Health.UP:
+            runtime.fleet.admit(pool, backend)
         if ok and check_drift:
             await self._check_drift(pool, backend, cfg.timeout_s)
 
@@ -128,7 +149,8 @@ class HealthChecker:
         models = await self._get_json(backend.name + "/v1/models", headers, timeout)
         live_version = version.get("version") if isinstance(version, dict) else None
         backend.drift = drift_findings(pool, live_version, models if isinstance(models, dict) else None)
-        self._metrics.backend_drift.labels(pool.name, backend.name).set(1 if backend.drift else 0)
+        if backend in pool.members:
+            self._metrics.backend_drift.labels(pool.name, backend.name).set(1 if backend.drift else 0)
 
     async def _get_json(self, url: str, headers: dict[str, str], timeout: float) -> Any:
         answer = await get_capped(self._client, url, cap=INFO_BYTES, timeout=timeout, headers=headers)
@@ -138,3 +160,17 @@ class HealthChecker:
             return orjson.loads(answer.body)
         except orjson.JSONDecodeError:
             return None
+
+
+async def _gather(jobs: Iterable[Awaitable[None]]) -> None:
+    await asyncio.gather(*jobs)
+
+
+async def _first_of(*events: asyncio.Event, timeout: float) -> None:
+    """Until one of the events is set, or `timeout` seconds."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

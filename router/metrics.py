@@ -1,6 +1,9 @@
 """The `lane_router_*` metric families on the router's own registry.
 
 Labels stay bounded: class, lane, pool, backend, status and reason — never keys or request ids.
+A pool found by discovery has at most `discovery.max_backends` members, and a backend's series
+are removed once it has left the pool and drained (router/fleet.py), so the backend label has
+at most that many values per pool, plus the few still draining.
 One `Metrics` lives for the whole process, across profile reloads, so counters never reset when
 a profile is swapped."""
 
@@ -164,6 +167,20 @@ class Metrics:
             "Operations on the replicas' shared state (Redis) that failed or were skipped while it "
             "was down, by operation and reason.",
             ["op", "reason"],
+            registry=registry,
+        )
+        self.discovery_errors = Counter(
+            p + "discovery_errors",
+            "Failed resolutions of a discovery pool's name, by reason (timeout, server_failure, "
+            "nxdomain, no_addresses, error); the pool keeps its last good members meanwhile.",
+            ["pool", "reason"],
+            registry=registry,
+        )
+        self.discovery_truncated = Gauge(
+            p + "discovery_truncated",
+            "1 when a discovery pool's name has more addresses than discovery.max_backends "
+            "(the lowest are used), else 0.",
+            ["pool"],
             registry=registry,
         )
 

@@ -11,7 +11,11 @@ request arriving later cannot take it first. A pass over the queue skips, at O(1
 that cannot go for a reason already seen: a long prompt blocked by the long-prefill limit does
 not hold up the short prompts behind it.
 
-The common case — nobody waiting and a slot free — costs no future, no task and no timer."""
+The common case — nobody waiting and a slot free — costs no future, no task and no timer.
+
+The counts are this process's own. A process that is one of several enforces its part of every
+limit (router/slots/budget.py); with shared state, `router.slots.gate.SharedPoolGate` checks the
+whole limits in Redis and falls back to these parts while Redis cannot be reached."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 from router.admission import PrefillLimits, choose_backend, lane_has_room
 from router.balance import Affinity
 from router.errors import Unavailable
+from router.slots.budget import ALONE, Share
 
 if TYPE_CHECKING:
     from router.runtime import Backend, Lane
@@ -55,14 +60,34 @@ class _Waiter:
 
 
 class PoolGate:
+    """`limits` are the pool's; the gate enforces `share`'s part of them (and of its lanes'
+    `max_in_flight`), which are the limits themselves for a process alone."""
+
     def __init__(
-        self, limits: PrefillLimits, routable: Callable[[frozenset[Backend]], list[Backend]]
+        self,
+        limits: PrefillLimits,
+        routable: Callable[[frozenset[Backend]], list[Backend]],
+        share: Share = ALONE,
     ) -> None:
-        self.limits = limits
         self._routable = routable
         self._queues: dict[int, deque[_Waiter]] = {}
         self._priorities: list[int] = []
         self.waiting = 0
+        self.share = share
+        self.configure(limits)
+
+    def configure(self, limits: PrefillLimits, share: Share | None = None) -> None:
+        """New limits (a reload), applied to the next admissions."""
+        if share is not None:
+            self.share = share
+        self.whole = limits
+        self.limits = limits.part(self.share)
+        self._split = not self.share.alone
+
+    def lane_limit(self, lane: Lane) -> int | None:
+        """This process's part of the lane's `max_in_flight`."""
+        limit = lane.config.max_in_flight
+        return self.share.of(limit) if self._split else limit
 
     # -- taking and giving back -------------------------------------------------------------
 
@@ -70,21 +95,16 @@ class PoolGate:
         lane = ticket.lane
         if not ticket.holds_lane:
             limit = lane.config.max_in_flight
-            if limit is not None and lane.in_flight >= limit:
-                return None
+            if limit is not None:
+                if self._split:
+                    limit = self.share.part(limit)
+                if lane.in_flight >= limit:
+                    return None
         candidates = self._routable(ticket.tried)
         backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
         if backend is None:
             return None
-        if not ticket.holds_lane:
-            ticket.holds_lane = True
-            lane.in_flight += 1
-        backend.in_flight += 1
-        backend.prefilling += 1
-        if ticket.long:
-            backend.long_prefilling += 1
-        ticket.backend = backend
-        ticket.prefilling = True
+        charge(ticket, backend)
         return backend
 
     def end_prefill(self, ticket: Ticket) -> None:
@@ -139,12 +159,15 @@ class PoolGate:
             backend = self.try_take(ticket)
             if backend is not None:
                 return backend
+        self.refuse_hopeless(ticket, self.limits, self.lane_limit(ticket.lane))
+        return await self.wait(ticket)
+
+    def refuse_hopeless(self, ticket: Ticket, limits: PrefillLimits, lane_limit: int | None) -> None:
+        """Raise `Unavailable` when waiting cannot help: the pool takes no such prompt (through
+        this process), no backend is routable, or the lane's queue is full."""
         lane = ticket.lane
-        if self.limits.refuses(ticket.long):
-            raise Unavailable(
-                f"pool {lane.pool.name!r} admits no prompts above {self.limits.long_prompt_tokens} tokens",
-                code="long_prompt_refused",
-            )
+        if limits.refuses(ticket.long) or lane_limit == 0:
+            raise _refused(ticket, self.whole, limits, lane_limit)
         if not self._routable(ticket.tried):
             raise Unavailable(
                 f"no healthy backend in pool {lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
@@ -156,6 +179,10 @@ class PoolGate:
                 code="queue_full",
                 retry_after=_retry_after(cfg.queue_timeout_s),
             )
+
+    async def wait(self, ticket: Ticket) -> Backend:
+        """Queue the ticket until a slot is handed to it, or its lane's deadline."""
+        lane, cfg = ticket.lane, ticket.lane.config
         waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
         self._enqueue(waiter)
         try:
@@ -211,7 +238,7 @@ class PoolGate:
                 if blocked or id(lane) in full_lanes:
                     kept.append(waiter)
                     continue
-                if not ticket.holds_lane and not lane_has_room(lane.in_flight, lane.config.max_in_flight):
+                if not ticket.holds_lane and not lane_has_room(lane.in_flight, self.lane_limit(lane)):
                     full_lanes.add(id(lane))
                     kept.append(waiter)
                     continue
@@ -230,6 +257,47 @@ class PoolGate:
             self._queues[priority] = kept
             if short_blocked or not budget:
                 return
+
+
+def charge(ticket: Ticket, backend: Backend) -> None:
+    """Count the ticket against its lane (unless it holds its slot already) and `backend`."""
+    if not ticket.holds_lane:
+        ticket.holds_lane = True
+        ticket.lane.in_flight += 1
+    backend.in_flight += 1
+    backend.prefilling += 1
+    if ticket.long:
+        backend.long_prefilling += 1
+    ticket.backend = backend
+    ticket.prefilling = True
+
+
+def _refused(
+    ticket: Ticket, whole: PrefillLimits, part: PrefillLimits, lane_limit: int | None
+) -> Unavailable:
+    lane = ticket.lane
+    pool = lane.pool.name
+    if whole.refuses(ticket.long):
+        return Unavailable(
+            f"pool {pool!r} admits no prompts above {whole.long_prompt_tokens} tokens",
+            code="long_prompt_refused",
+        )
+    # This process's part of a limit is 0; another process may take the request.
+    if lane_limit == 0:
+        what, code = f"lane {lane.name!r}", "no_share"
+    elif part.max_prefilling == 0:
+        what, code = f"pool {pool!r}", "no_share"
+    else:
+        what, code = (
+            f"pool {pool!r} (for prompts above {part.long_prompt_tokens} tokens)",
+            "long_prompt_refused",
+        )
+    return Unavailable(
+        f"{what} admits no request through this router process: its part of the limit, split over "
+        f"{part.processes} processes, is 0",
+        code=code,
+        retry_after=1.0,
+    )
 
 
 def _retry_after(queue_timeout_s: float) -> float:

@@ -1,6 +1,22 @@
-"""One profile made live: keys, lanes, pools and their backends, built once from a validated
-`ProfileConfig` and swapped whole on reload. Requests hold a reference to the runtime they
-started on, so a reload never changes the ground under a request in flight."""
+"""One profile made live: keys, lanes, pools and their backends, built from a validated
+`ProfileConfig` and swapped whole on reload (router/state.py).
+
+What a reload carries. Counts are facts about servers and lanes, not about the profile: a pool
+is known by its name, a backend by its pool and origin, a lane by its request class, and while
+a reload keeps one it keeps the *same object*, whose settings it replaces in place. So a
+backend keeps its in-flight and prefilling counts, health, drift and upstream connections; a
+pool its admission queue and discovered members; a lane its in-flight count and waiting
+requests. Every request, whichever runtime it started on, counts against the same numbers, so
+no limit is exceeded because of a reload — however many follow one another — and new limits
+apply at once to the requests already counted. Only what changed is built new (a pool, lane or
+backend first named now; a backend's connection pool when the pool's connection settings
+changed), and what a reload drops drains: a backend leaves the rotation at once and is closed
+when idle, a pool no runtime holds any more is closed (router/fleet.py). A request in flight
+keeps what it holds: its runtime, lane, ticket, backend and connection.
+
+A runtime is built in two steps: first everything that may fail (keys, tokenizer, upstream
+keys, the shared state), then the changes to live objects, which cannot — a refused reload
+leaves the serving runtime untouched."""
 
 from __future__ import annotations
 
@@ -9,102 +25,27 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 
 from prometheus_client import Histogram
 
 from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
-from router.balance import BalanceHooks, Balancer, corrected_load, make_balancer
+from router.backends import Backend, Health, Pool, backend_label
+from router.balance import BalanceHooks, Balancer, make_balancer
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass
 from router.config.vllm import server_configuration_hash
+from router.fleet import Fleet
 from router.metrics import Metrics
-from router.poolgate import PoolGate
 from router.prefixes import PrefixHistory
-from router.proxy.upstream import UpstreamPool
 from router.ratelimit import MemoryRateStore, RateStore
 from router.redisstores import RedisRateStore, RedisSlowClients
 from router.sharedstate import SharedState, redis_url
+from router.slots.budget import Share
+from router.slots.counting import Counting, counting_for
 from router.slowclient import BufferBudget, LagPolicy, SlowClients
 from router.tokens import PromptCosts, PromptCounter, make_counter
 
-
-class Health(Enum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
-
-
-def backend_label(pool: str, index: int) -> str:
-    """How messages that clients may see name a backend: by its pool and its position in the
-    pool's `backends` list (from 0), never by its address."""
-    return f"pool {pool!r} backend {index}"
-
-
-@dataclass(eq=False)
-class Backend:
-    """One vLLM server of a pool, with the live counters balancing and health read. `name` is
-    its origin, for logs and metric labels; `label` names it to clients."""
-
-    pool: str
-    name: str
-    upstream: UpstreamPool
-    index: int = 0
-    health: Health = Health.UNKNOWN
-    in_flight: int = 0
-    prefilling: int = 0
-    long_prefilling: int = 0
-    consecutive_failures: int = 0
-    consecutive_successes: int = 0
-    # The last scrape of the backend's own /metrics (router.scrape), and this router's in-flight
-    # count at that moment, so the sample can be corrected until the next one.
-    scraped: bool = False
-    scraped_running: float = 0.0
-    scraped_waiting: float = 0.0
-    scraped_kv_usage: float = 0.0
-    in_flight_at_scrape: int = 0
-    drift: tuple[str, ...] = ()
-    auth_failure_logged_at: float | None = None  # monotonic time of the last such warning
-
-    @property
-    def label(self) -> str:
-        return backend_label(self.pool, self.index)
-
-    @property
-    def routable(self) -> bool:
-        return self.health is not Health.DOWN
-
-    @property
-    def load_score(self) -> float:
-        return corrected_load(
-            self.in_flight,
-            self.in_flight_at_scrape,
-            self.scraped_running,
-            self.scraped_waiting,
-            self.scraped_kv_usage,
-            self.scraped,
-        )
-
-
-@dataclass(eq=False)
-class Pool:
-    name: str
-    config: PoolConfig
-    backends: tuple[Backend, ...]
-    upstream_key: bytes | None
-    config_hash: str
-    gate: PoolGate = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.gate = PoolGate(PrefillLimits.for_pool(self.config), self.routable)
-
-    def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
-        if not exclude:
-            return [b for b in self.backends if b.health is not Health.DOWN]
-        return [b for b in self.backends if b.health is not Health.DOWN and b not in exclude]
-
-    def has_healthy_backend(self) -> bool:
-        return any(b.health is Health.UP for b in self.backends)
+__all__ = ["Backend", "Health", "Lane", "Pool", "Runtime", "backend_label", "build_runtime"]
 
 
 @dataclass(eq=False)
@@ -136,10 +77,14 @@ class Runtime:
     slow_clients: SlowClients
     lag: LagPolicy
     buffers: BufferBudget
+    fleet: Fleet
     shared: SharedState | None = None
+    counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
+    superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
+    _closed: bool = False
 
     def enter(self) -> None:
         self.active += 1
@@ -149,6 +94,8 @@ class Runtime:
         self.active -= 1
         if self.active == 0:
             self._drained.set()
+        if self.fleet.pending:
+            self.fleet.sweep()  # the request may have been the last one on a draining backend
 
     async def close_when_drained(self, timeout: float) -> None:
         try:
@@ -160,10 +107,13 @@ class Runtime:
             await self.aclose()
 
     async def aclose(self) -> None:
+        """Give up this runtime's hold on its pools (those no other runtime holds close) and on
+        the shared state."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            for pool in self.pools.values():
-                for backend in pool.backends:
-                    await backend.upstream.aclose()
+            await self.fleet.release(self.pools.values())
         finally:
             if self.shared is not None:
                 await self.shared.release()
@@ -178,7 +128,10 @@ def build_runtime(
     *,
     previous: Runtime | None = None,
     environ: Mapping[str, str] | None = None,
+    worker: Share | None = None,
 ) -> Runtime:
+    """`worker`: which worker of `lane-router serve --workers N` this process is (default: the
+    previous runtime's, else the only one)."""
     env = os.environ if environ is None else environ
     keys = KeyRing(
         build_keys(
@@ -189,12 +142,7 @@ def build_runtime(
         )
     )
     counter = make_counter(cfg.tokenizer, PromptCosts(**cfg.prompt_costs.model_dump()))
-    pools = {name: _build_pool(name, pc, env, previous) for name, pc in cfg.pools.items()}
-    lanes = {cls: _build_lane(cls, lc, pools[lc.pool], metrics) for cls, lc in cfg.lanes.items()}
-    models: dict[str, tuple[Pool, ...]] = {}
-    for pool in pools.values():
-        for model in pool.config.models:
-            models[model] = (*models.get(model, ()), pool)
+    pool_settings = [_pool_settings(name, pc, env) for name, pc in cfg.pools.items()]
     rp = cfg.classify.repeated_prefix
     prefixes = (
         previous.prefixes
@@ -204,7 +152,8 @@ def build_runtime(
     sc = cfg.slow_clients
     # Rate counters, slow-client memory and buffered bytes are facts about clients and streams in
     # flight, not about the profile: they survive a reload (unless their own settings changed).
-    # Built last: a runtime that fails to build must not have taken a share of the old one's state.
+    # Built last of what may fail: a runtime that fails to build must not have taken a share of
+    # the old one's state.
     shared = _shared_state(cfg, metrics, env, previous)
     same_state = previous is not None and previous.shared is shared
     keep = previous is not None and previous.config.slow_clients == sc and same_state
@@ -213,6 +162,18 @@ def build_runtime(
         rates = previous.rates
     else:
         rates = RedisRateStore(shared) if shared is not None else MemoryRateStore()
+    before = previous.counting if previous is not None else Counting()
+    counting = counting_for(cfg, worker or before.share, shared, before)
+    # From here on nothing fails: live pools and lanes change in place.
+    fleet = previous.fleet if previous is not None else Fleet(metrics)
+    pools = {s.name: _pool(fleet, s, counting) for s in pool_settings}
+    fleet.hold(pools.values())
+    lanes = {cls: _lane(cls, lc, pools[lc.pool], metrics, previous) for cls, lc in cfg.lanes.items()}
+    fleet.wake_waiters()
+    models: dict[str, tuple[Pool, ...]] = {}
+    for pool in pools.values():
+        for model in pool.config.models:
+            models[model] = (*models.get(model, ()), pool)
     return Runtime(
         config=cfg,
         keys=keys,
@@ -226,7 +187,9 @@ def build_runtime(
         slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg, shared),
         lag=LagPolicy.from_config(sc),
         buffers=previous.buffers if previous and keep else _buffers(cfg, metrics),
+        fleet=fleet,
         shared=shared,
+        counting=counting,
     )
 
 
@@ -253,51 +216,95 @@ def _buffers(cfg: ProfileConfig, metrics: Metrics) -> BufferBudget:
     return BufferBudget(cfg.slow_clients.max_buffer_bytes, metrics.stream_buffer_bytes.set)
 
 
-def _build_lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics) -> Lane:
-    hits = metrics.prefix_affinity_hits.labels(pool.name)
-    balancer = make_balancer(lc.balance, BalanceHooks(on_affinity_hit=hits.inc))
+def _lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics, previous: Runtime | None) -> Lane:
+    """The class's lane: the previous runtime's, reconfigured, else a new one."""
+    lane = previous.lanes.get(cls) if previous is not None else None
+    if lane is None:
+        return _new_lane(cls, lc, pool, metrics)
+    _reconfigure_lane(lane, lc, pool, metrics)
+    return lane
+
+
+def _new_lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics) -> Lane:
     return Lane(
         cls=cls,
         config=lc,
         pool=pool,
-        balancer=balancer,
+        balancer=_balancer(lc, pool, metrics),
         queue_time=metrics.queue_time.labels(cls.value),
     )
+
+
+def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) -> None:
+    """Requests already queued in the lane's old pool stay there and are served by it."""
+    if pool is not lane.pool or lc.balance != lane.config.balance:
+        # A balancer's memory (a round-robin position, recent prompts) is worth keeping only
+        # for the same pool and strategy.
+        lane.balancer = _balancer(lc, pool, metrics)
+    lane.config = lc
+    lane.pool = pool
+
+
+def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:
+    hits = metrics.prefix_affinity_hits.labels(pool.name)
+    return make_balancer(lc.balance, BalanceHooks(on_affinity_hit=hits.inc))
 
 
 def _same_prefix_policy(previous: Runtime, cfg: ProfileConfig) -> bool:
     return previous.config.classify.repeated_prefix == cfg.classify.repeated_prefix
 
 
-def _build_pool(name: str, pc: PoolConfig, env: Mapping[str, str], previous: Runtime | None) -> Pool:
-    known: dict[str, Backend] = {}
-    if previous is not None and name in previous.pools:
-        known = {b.name: b for b in previous.pools[name].backends}
-    backends = []
-    for index, origin in enumerate(pc.origins):
-        upstream = UpstreamPool(
-            origin,
-            max_connections=pc.max_connections,
-            connect_timeout=pc.connect_timeout_s,
-            read_timeout=pc.read_timeout_s,
-            head_timeout=pc.response_head_timeout_s,
-            head_read_timeout=pc.head_read_timeout_s,
-            idle_expiry=pc.upstream_keepalive_s,
-            label=backend_label(name, index),
-        )
-        backend = Backend(pool=name, name=origin, upstream=upstream, index=index)
-        if origin in known:
-            # Health is a fact about the server, not the profile: keep it across a reload.
-            backend.health = known[origin].health
-            backend.drift = known[origin].drift
-        backends.append(backend)
+@dataclass(frozen=True, slots=True)
+class _PoolSettings:
+    """What a pool takes from the profile, worked out before any live object changes."""
+
+    name: str
+    config: PoolConfig
+    upstream_key: bytes | None
+    config_hash: str
+    limits: PrefillLimits
+
+
+def _pool_settings(name: str, pc: PoolConfig, env: Mapping[str, str]) -> _PoolSettings:
     upstream_key = pc.upstream_api_key
     if pc.upstream_api_key_env:
         upstream_key = env.get(pc.upstream_api_key_env, upstream_key)
-    return Pool(
+    return _PoolSettings(
         name=name,
         config=pc,
-        backends=tuple(backends),
         upstream_key=upstream_key.encode("latin-1") if upstream_key else None,
         config_hash=server_configuration_hash(pc.vllm, pc.model),
+        limits=PrefillLimits.for_pool(pc),
     )
+
+
+def _pool(fleet: Fleet, settings: _PoolSettings, counting: Counting) -> Pool:
+    """The pool of that name some runtime holds, reconfigured, else a new one. A listed pool's
+    members are its list; a discovery pool keeps the members it has until its name answers."""
+    pool = fleet.find(settings.name)
+    if pool is None:
+        pool = _new_pool(settings, counting)
+    else:
+        _reconfigure_pool(fleet, pool, settings, counting)
+    if settings.config.discovery is None:
+        fleet.set_members(pool, settings.config.origins, probation=False)
+    return pool
+
+
+def _new_pool(settings: _PoolSettings, counting: Counting) -> Pool:
+    pool = Pool(
+        name=settings.name,
+        config=settings.config,
+        upstream_key=settings.upstream_key,
+        config_hash=settings.config_hash,
+    )
+    pool.gate = counting.gate(settings.limits, pool.routable)
+    return pool
+
+
+def _reconfigure_pool(fleet: Fleet, pool: Pool, settings: _PoolSettings, counting: Counting) -> None:
+    pool.config = settings.config
+    pool.upstream_key = settings.upstream_key
+    pool.config_hash = settings.config_hash
+    counting.configure(pool.gate, settings.limits)
+    fleet.reconnect(pool)

@@ -1,6 +1,7 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
 uvloop, plus the background work of a live router — health probes, the profile-file watcher and
-SIGHUP reload."""
+SIGHUP reload. With `--workers N` this process supervises N workers (router/workers.py), each of
+which runs here with its worker side (router/workerlink.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,9 @@ from router.runtime import build_runtime
 from router.scrape import LoadScraper
 from router.settings import Settings
 from router.state import RouterState
+from router.workerlink import FILE_TRIGGER, SIGHUP_TRIGGER, WorkerSide, WorkerState
+from router.workermetrics import MetricsApp
+from router.workers import bind, supervise
 
 log = logging.getLogger("lane_router.server")
 
@@ -54,7 +59,7 @@ class ConfigWatcher:
             stamp = self._stamp()
             if stamp is not None and stamp != self._seen:
                 self._seen = stamp
-                await self._state.reload("file change")
+                await self._state.reload(FILE_TRIGGER)
 
 
 def build_state(cfg: ProfileConfig, config_path: Path | None, bind_host: str = "127.0.0.1") -> RouterState:
@@ -63,7 +68,11 @@ def build_state(cfg: ProfileConfig, config_path: Path | None, bind_host: str = "
 
 
 @contextlib.asynccontextmanager
-async def background(state: RouterState, settings: Settings) -> AsyncIterator[None]:
+async def background(
+    state: RouterState, settings: Settings, worker: WorkerSide | None = None
+) -> AsyncIterator[None]:
+    if worker is not None:
+        await worker.start()
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
     scraper = LoadScraper(lambda: state.runtime)
@@ -72,7 +81,7 @@ async def background(state: RouterState, settings: Settings) -> AsyncIterator[No
     loop = asyncio.get_running_loop()
 
     def on_sighup() -> None:
-        tasks.append(loop.create_task(_reload_and_probe(state, checker, "SIGHUP")))
+        tasks.append(loop.create_task(_reload_and_probe(state, checker, SIGHUP_TRIGGER)))
 
     if state.config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
@@ -90,6 +99,8 @@ async def background(state: RouterState, settings: Settings) -> AsyncIterator[No
         await scraper.stop()
         await checker.stop()
         await state.aclose()
+        if worker is not None:
+            await worker.stop()
 
 
 async def _reload_and_probe(state: RouterState, checker: HealthChecker, trigger: str) -> None:
@@ -121,28 +132,56 @@ def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConf
     return httpserver.ServerConfig(**options)
 
 
-def serve(settings: Settings, cfg: ProfileConfig | None = None) -> None:
+def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     """`lane-router serve`: the app for `cfg` (else the profile file of `settings`), served until
-    SIGINT or SIGTERM."""
+    SIGINT or SIGTERM — by this process, or by `settings.workers` workers it supervises."""
+    if settings.workers > 1 and not settings.is_worker:
+        if settings.config is None:
+            raise ValueError("--workers needs a profile file (--config FILE or LANE_ROUTER_CONFIG)")
+        try:
+            return supervise(settings)
+        except OSError as err:
+            raise SystemExit(
+                f"lane-router serve: cannot serve on {settings.host}:{settings.port}: {err}"
+            ) from None
     run(build_app(settings, cfg), settings)
+    return 0
 
 
-def build_app(settings: Settings, cfg: ProfileConfig | None = None) -> LaneRouterApp:
+def build_app(settings: Settings, cfg: ProfileConfig | None = None) -> Any:
     path = settings.config
     if cfg is None:
         if path is None:
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
-    return make_app(build_state(cfg, path, settings.host), settings)
+    if not settings.is_worker:
+        return make_app(build_state(cfg, path, settings.host), settings)
+    worker = WorkerSide.of(settings)
+    runtime = build_runtime(cfg, worker.metrics, worker=worker.share)
+    state = WorkerState(runtime, worker.metrics, path, bind_host=settings.host, link=worker.link)
+    app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker))
+    return MetricsApp(app, worker.peers)
 
 
-def run(app: LaneRouterApp, settings: Settings) -> None:
+def run(app: Any, settings: Settings) -> None:
     """Serve `app` on the router's HTTP server under uvloop until a signal stops it."""
     try:
-        uvloop.run(httpserver.serve(app, server_config(settings), host=settings.host, port=settings.port))
+        sock = _worker_socket(settings)
+        config = server_config(settings)
+        uvloop.run(httpserver.serve(app, config, host=settings.host, port=settings.port, sock=sock))
     except httpserver.StartupFailed as err:
         raise SystemExit(f"lane-router serve: startup failed: {err}") from None
     except OSError as err:
         raise SystemExit(
             f"lane-router serve: cannot serve on {settings.host}:{settings.port}: {err}"
         ) from None
+
+
+def _worker_socket(settings: Settings) -> socket.socket | None:
+    """A worker's socket on the shared port: its own (SO_REUSEPORT) or the parent's; None for a
+    router serving alone, which binds its own as it starts."""
+    if not settings.is_worker:
+        return None
+    if settings.listen_fd is not None:
+        return socket.socket(fileno=settings.listen_fd)
+    return bind(settings.host, settings.port, reuse_port=True)

@@ -31,3 +31,19 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(30.0, gt=0, description="idle time between requests")
     body_timeout_s: float = Field(30.0, gt=0, description="silence while a request body is due")
     max_connections: int = Field(10_000, ge=0, description="open client connections; 0: no limit")
+    # Several processes on one port (router/workers.py): N workers under a supervising parent.
+    workers: int = Field(1, ge=1, le=256, description="worker processes; 1: this process serves alone")
+    worker_sockets: Literal["reuseport", "inherit"] = Field(
+        "reuseport",
+        description="reuseport: each worker binds its own SO_REUSEPORT socket and the kernel spreads "
+        "connections; inherit: the workers accept on the one socket the parent bound",
+    )
+    # Set by the supervisor for each worker it starts, never by hand.
+    worker_index: int | None = Field(None, ge=0, description="this worker's number, 0..workers-1")
+    worker_channel_fd: int | None = Field(None, ge=0, description="the worker's socket to its parent")
+    listen_fd: int | None = Field(None, ge=0, description="the listening socket inherited from the parent")
+    run_dir: Path | None = Field(None, description="the workers' private directory (metrics sockets)")
+
+    @property
+    def is_worker(self) -> bool:
+        return self.worker_index is not None

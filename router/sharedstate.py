@@ -1,5 +1,6 @@
 """The replicas' shared state: one Redis connection pool per profile's `state:` section, every
-operation on it bounded in time, and what happens when Redis cannot answer.
+operation on it bounded in time, and what happens when Redis cannot answer. Rate limits and the
+slow-client memory (router/redisstores.py) and admission's counts (router/slots/) live there.
 
 An operation that fails (refused connection, timeout, error reply) raises `SharedStateDown` to
 its store, which applies its policy (`router.redisstores`); it is counted in
@@ -88,7 +89,8 @@ class OutageLog:
             self._down_since = self._last_line = now
             self._since_line = 0
             log.warning(
-                "shared state at %s unavailable (%s: %s, %s); rate limits fail %s until it is back",
+                "shared state at %s unavailable (%s: %s, %s); until it is back rate limits fail %s "
+                "and admission counts fall back to this process's share of each limit",
                 self._where,
                 op,
                 reason,
@@ -142,12 +144,25 @@ class SharedState:
         self._log = OutageLog(describe(url), cfg.on_error)
         self._users = 1
         self._pending: set[asyncio.Task[None]] = set()
+        self._closers: list[Callable[[], Awaitable[None]]] = []
 
     def key(self, *parts: str) -> str:
         return self.config.key_prefix + ":".join(parts)
 
     def same_as(self, cfg: StateConfig, url: str | None) -> bool:
         return self.config == cfg and self.url == url
+
+    def available(self) -> bool:
+        """Whether Redis may be asked now: not within `recheck_s` of a failure."""
+        return self._clock() >= self._retry_at
+
+    def skipped(self, op: str) -> None:
+        """Count an operation answered without Redis because it failed moments ago."""
+        self._failed(op, "backoff", "waiting before trying again", self._clock())
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Run `closer` when the last user releases the state, before its connections close."""
+        self._closers.append(closer)
 
     async def run(self, op: str, operation: Operation[T]) -> T:
         """One bounded operation; `SharedStateDown` when Redis does not serve it."""
@@ -204,6 +219,8 @@ class SharedState:
         if self._users > 0:
             return
         try:
+            for closer in self._closers:
+                await closer()
             if self._pending:
                 await asyncio.wait(self._pending, timeout=CLOSE_GRACE_S)
         finally:

@@ -1,10 +1,14 @@
 """The router's one mutable holder: the live runtime, and how it is replaced.
 
 Reload (SIGHUP, a change of the profile file, `POST /admin/reload`) parses and validates the file,
-builds a complete new runtime, and swaps it in one assignment. Requests in flight keep the
-runtime they started on; the old one closes its upstream connections once they have finished.
-An invalid file changes nothing and the answer says why. So does, on a router listening beyond
-loopback, a file that would bring in a key anyone can use (router/keyhygiene.py)."""
+builds a new runtime, and swaps it in one assignment. The new runtime reuses, with new settings,
+every pool, backend and lane the file keeps (router/runtime.py says what carries over); requests
+in flight keep the runtime they started on, which lets go of its pools once they have finished,
+and what the file dropped closes as it drains (router/fleet.py). The old runtime is marked
+superseded, which wakes the background work that follows the current one (router/health.py,
+router/discovery.py). An invalid file changes nothing and the answer says why. So does, on a
+router listening beyond loopback, a file that would bring in a key anyone can use
+(router/keyhygiene.py)."""
 
 from __future__ import annotations
 
@@ -78,6 +82,8 @@ class RouterState:
         except (OSError, ValueError) as err:
             return ReloadOutcome(False, f"{self.config_path}: {err}", old.config.profile)
         self.runtime = new
+        old.superseded.set()
+        new.fleet.sweep()  # what the reload dropped and nothing holds closes now
         task = asyncio.get_running_loop().create_task(old.close_when_drained(self._drain_timeout))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

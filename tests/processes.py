@@ -1,4 +1,5 @@
-"""Routers in processes of their own, for tests: waiting for one to be ready, and stopping it."""
+"""Processes of their own for tests (routers, servers): waiting for a router to be ready, and
+stopping one."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `grace_s` (an asyncio child)."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        async with asyncio.timeout(grace_s):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tests.deploy.tools import require_tool
+from tests.processes import terminate
 from tests.servers import free_port
 
 
@@ -62,15 +63,8 @@ class RedisServer:
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.terminate()
-        try:
-            async with asyncio.timeout(10):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await terminate(proc)
 
     def client(self) -> Redis:
         return Redis.from_url(self.url)

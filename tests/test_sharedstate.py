@@ -246,7 +246,9 @@ def test_an_outage_is_logged_once_then_summed_up_then_its_end(caplog: pytest.Log
         outage.recovered(141.0)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
-    assert "unavailable (rate_acquire: connection, refused); rate limits fail open" in lines[0]
+    assert "unavailable (rate_acquire: connection, refused); until it is back" in lines[0]
+    assert "rate limits fail open" in lines[0]
+    assert "admission counts fall back to this process's share" in lines[0]
     assert "still unavailable: 1000 operations" in lines[1]
     assert "back after 40.0 s (1001 operations" in lines[2]
 

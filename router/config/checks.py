@@ -7,6 +7,8 @@ from pathlib import Path
 
 from router.config.models import ALL_CLASSES, ProfileConfig
 from router.config.vllm import vllm_rule_violations
+from router.membership import parse_nameserver
+from router.slots.budget import budgets
 from router.tokens import SIMULATOR, UTF8_BYTES
 
 
@@ -24,6 +26,7 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _lanes_name_pools(cfg)
     issues += _every_class_has_a_lane(cfg)
     issues += _pool_rules(cfg)
+    issues += _discovery_rules(cfg)
     issues += _key_rules(cfg)
     issues += _slow_client_rules(cfg)
     issues += _token_rules(cfg)
@@ -117,6 +120,30 @@ def _pool_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
     return issues
 
 
+def _discovery_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    owner: dict[tuple[str, int], str] = {}
+    for name, pool in cfg.pools.items():
+        found = pool.discovery
+        if found is None:
+            continue
+        for i, entry in enumerate(found.nameservers):
+            try:
+                parse_nameserver(entry)
+            except ValueError as err:
+                issues.append(ConfigIssue(f"pools.{name}.discovery.nameservers[{i}]", str(err)))
+        other = owner.setdefault((found.dns.lower().rstrip("."), found.port), name)
+        if other != name:
+            # As for listed backends: one server runs one configuration, so it is in one pool.
+            issues.append(
+                ConfigIssue(
+                    f"pools.{name}.discovery.dns",
+                    f"{found.dns}:{found.port} also names the backends of pool {other!r}",
+                )
+            )
+    return issues
+
+
 def _key_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     names: set[str] = set()
@@ -140,3 +167,39 @@ def _key_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
                 ConfigIssue(f"{where}.pin_class", f"{key.pin_class.value!r} is not among the key's classes")
             )
     return issues
+
+
+def budget_warnings(cfg: ProfileConfig, workers: int) -> list[ConfigIssue]:
+    """Limits smaller than the number of processes that split them (router/slots/budget.py):
+    some process's part is 0, and it admits nothing that needs the slot. Without `state:`
+    always; with it, while Redis is unreachable."""
+    issues: list[ConfigIssue] = []
+    processes = workers * cfg.replicas
+    for budget in budgets(cfg, workers):
+        zero = [i for i, part in enumerate(budget.parts) if part == 0]
+        if not zero:
+            continue
+        who = _who(zero, workers, cfg.replicas)
+        issues.append(
+            ConfigIssue(
+                budget.path,
+                f"{budget.limit} split over {processes} processes: {who} 0, "
+                f"{_ZERO_MEANS[budget.path.rsplit('.', 1)[1]]}",
+            )
+        )
+    return issues
+
+
+_ZERO_MEANS = {
+    "max_in_flight": "so it refuses the lane's requests (503 no_share)",
+    "max_prefilling": "so it sends nothing to the pool (503 no_share)",
+    "max_long_prefilling": "so it sends no long prompts to the pool (503 long_prompt_refused)",
+}
+
+
+def _who(zero: list[int], workers: int, replicas: int) -> str:
+    if workers == 1:
+        return f"each of the {replicas} replicas gets"
+    names = ", ".join(str(i) for i in zero)
+    each = " of each replica" if replicas > 1 else ""
+    return f"worker{'s' if len(zero) > 1 else ''} {names}{each} get{'' if len(zero) > 1 else 's'}"

@@ -337,3 +337,8 @@ class ProfileConfig(Strict):
     slow_clients: SlowClientConfig = SlowClientConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     state: StateConfig = StateConfig()
+    # How many identical router replicas run this profile behind one load balancer. Without
+    # `state:` each enforces `limit // replicas` of every lane and prefill limit (and splits that
+    # among its workers) instead of the whole limit; with it, that is its share while Redis is
+    # unreachable (router/slots/budget.py).
+    replicas: int = Field(1, ge=1, le=1024)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from router.config.load import ConfigError, load_profile
 from router.config.models import ProfileConfig
 from router.config.render import RenderError
+from router.deploy.k8s_options import DEFAULT_WAITING, DEFAULTS, parse_autoscaler, parse_scraper
 from router.deploy.plan import DEVICES, Device
 from router.deploy.render_compose import ComposeOptions, render_compose
 from router.deploy.render_k8s import K8sOptions, render_k8s
@@ -25,6 +27,14 @@ from router.deploy.yamltext import dump_all
 from router.keyhygiene import key_issues, refusal
 
 TARGETS = ("vllm", "compose", "k8s")
+K8S_FLAGS = {
+    "--namespace": "namespace",
+    "--cluster-domain": "cluster_domain",
+    "--autoscale": "autoscale",
+    "--prometheus": "prometheus",
+    "--prometheus-pods": "prometheus_pods",
+}
+T = TypeVar("T")
 OUTPUT_FILES = {"vllm": "vllm-serve.sh", "compose": "compose.yaml", "k8s": "lane-router.yaml"}
 
 
@@ -47,10 +57,64 @@ def configure(name: str, render: argparse.ArgumentParser) -> None:
     )
     render.add_argument("--router-image", help="router image (default lane-router:<version>)")
     render.add_argument("--vllm-image", help="vLLM image; '{version}' becomes the pool's vLLM version")
+    _configure_k8s(render.add_argument_group("k8s", K8S_HELP))
     render.set_defaults(func=cmd_render)
 
 
+K8S_HELP = (
+    "Every object goes into one namespace: the profile finds each pool by its headless Service's DNS name "
+    "there. A pool without --autoscale runs as many servers as the profile lists (one when it names them "
+    "by discovery); with it, between MIN and MAX, adding servers while they average more than WAITING "
+    f"(default {DEFAULT_WAITING:g}) requests in vLLM's queue (vllm:num_requests_waiting). 'hpa' renders a "
+    "HorizontalPodAutoscaler, which needs a custom-metrics adapter "
+    "(deploy/prometheus/prometheus-adapter.yml); 'keda' a KEDA ScaledObject querying --prometheus. "
+    "Either way Prometheus must scrape the pool pods (deploy/prometheus/prometheus-k8s.yml), and a "
+    "NetworkPolicy admits --prometheus-pods to them."
+)
+
+
+def _configure_k8s(group: argparse._ArgumentGroup) -> None:
+    defaults = DEFAULTS
+    group.add_argument("--namespace", help=f"namespace of every object (default {defaults.namespace})")
+    group.add_argument(
+        "--cluster-domain", help=f"the cluster's DNS domain (default {defaults.cluster_domain})"
+    )
+    group.add_argument(
+        "--autoscale",
+        action="append",
+        type=_parsed(parse_autoscaler),
+        metavar="POOL=hpa|keda:MIN-MAX[:WAITING]",
+        help="autoscale a pool, e.g. interactive=hpa:2-8 or batch=keda:1-4:8 (repeat for several pools)",
+    )
+    keda = f"the Prometheus that KEDA queries (default {defaults.prometheus_url})"
+    group.add_argument("--prometheus", metavar="URL", help=keda)
+    scraper = defaults.scraper
+    pods = f"{scraper.namespace}:" + ",".join(f"{k}={v}" for k, v in scraper.labels)
+    group.add_argument(
+        "--prometheus-pods",
+        type=_parsed(parse_scraper),
+        metavar="NAMESPACE:LABEL=VALUE[,LABEL=VALUE]",
+        help=f"the Prometheus pods that may scrape autoscaled pools (default {pods})",
+    )
+
+
+def _parsed(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type: a malformed value exits 2 with the parser's reason."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return convert
+
+
 def cmd_render(args: argparse.Namespace) -> int:
+    misplaced = [flag for flag, dest in K8S_FLAGS.items() if getattr(args, dest) is not None]
+    if args.target != "k8s" and misplaced:
+        print(f"lane-router render {args.target}: {', '.join(misplaced)}: for k8s only", file=sys.stderr)
+        return 2
     try:
         cfg = load_profile(args.config)
         if _refuse_guessable_keys(cfg, args):
@@ -91,8 +155,19 @@ def render_text(target: str, cfg: ProfileConfig, device: Device, args: argparse.
         context = _relative(args.context, args.out)
         manifest = render_compose(cfg, ComposeOptions(device=device, context=context, **images))
     else:
-        manifest = render_k8s(cfg, K8sOptions(device=device, **images))
+        manifest = render_k8s(cfg, K8sOptions(device=device, **images, **_k8s_options(args)))
     return dump_all(manifest.documents, manifest.notes)
+
+
+def _k8s_options(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        "namespace": args.namespace,
+        "cluster_domain": args.cluster_domain,
+        "autoscalers": tuple(args.autoscale) if args.autoscale else None,
+        "prometheus_url": args.prometheus,
+        "scraper": args.prometheus_pods,
+    }
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _relative(context: Path, out: Path | None) -> str:

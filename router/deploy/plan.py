@@ -75,6 +75,7 @@ class PoolPlan:
 
     @property
     def replicas(self) -> int:
+        """The servers the profile lists; 0 for a pool it finds by discovery."""
         return len(self.pool.backends)
 
     @property
@@ -191,19 +192,20 @@ def pool_notes(plans: Sequence[PoolPlan]) -> list[str]:
 def deployed_profile(
     cfg: ProfileConfig,
     plans: Sequence[PoolPlan],
-    backends: Mapping[str, Sequence[str]],
+    sources: Mapping[str, Mapping[str, Any]],
     redis_url: str | None = None,
 ) -> dict[str, Any]:
-    """The profile as the deployed router reads it: the pools' backends replaced by where the
-    deployment runs them, literal upstream keys replaced by the variables that now hold them,
-    and the shared state's Redis by the deployment's (`redis_url`, see `deploys_redis`).
-    Validated again, so a rendering never ships a profile the router would refuse."""
+    """The profile as the deployed router reads it: each pool's backends replaced by where the
+    deployment runs them (`sources[pool]`: `{"backends": [...]}` or `{"discovery": {...}}`),
+    literal upstream keys replaced by the variables that now hold them, and the shared state's
+    Redis by the deployment's (`redis_url`, see `deploys_redis`). Validated again, so a rendering
+    never ships a profile the router would refuse."""
     data = cfg.model_dump(mode="json", exclude_unset=True)
     if redis_url is not None and deploys_redis(cfg):
         data["state"]["redis_url"] = redis_url
     for p in plans:
-        pool = data["pools"][p.name]
-        pool["backends"] = list(backends[p.name])
+        rest = {k: v for k, v in data["pools"][p.name].items() if k not in ("backends", "discovery")}
+        pool = data["pools"][p.name] = {**sources[p.name], **rest}
         if p.key_env is not None:
             pool.pop("upstream_api_key", None)
             pool["upstream_api_key_env"] = p.key_env

@@ -13,6 +13,7 @@ from typing import Any
 
 from router import __version__
 from router.config.models import ProfileConfig
+from router.config.render import RenderError
 from router.deploy.plan import (
     CPU_ENTRYPOINT,
     CPU_IMAGE,
@@ -54,9 +55,13 @@ class ComposeOptions:
 
 def render_compose(cfg: ProfileConfig, opts: ComposeOptions = ComposeOptions()) -> Manifest:
     plans = plan_pools(cfg, opts.device)
-    backends = {p.name: [f"http://{p.instance(i)}:{VLLM_PORT}" for i in range(p.replicas)] for p in plans}
+    _refuse_discovery(plans)
+    sources = {
+        p.name: {"backends": [f"http://{p.instance(i)}:{VLLM_PORT}" for i in range(p.replicas)]}
+        for p in plans
+    }
     redis = deploys_redis(cfg)
-    profile = deployed_profile(cfg, plans, backends, redis_url())
+    profile = deployed_profile(cfg, plans, sources, redis_url())
     services: dict[str, Any] = {"lane-router": _router(cfg, plans, opts)}
     networks: dict[str, Any] = {"edge": {}, "pools": {}}
     if redis:
@@ -78,6 +83,18 @@ def render_compose(cfg: ProfileConfig, opts: ComposeOptions = ComposeOptions()) 
         "configs": {PROFILE_CONFIG: {"content": dump(profile).replace("$", "$$")}},
     }
     return Manifest((document,), tuple(_notes(cfg, plans, opts)))
+
+
+def _refuse_discovery(plans: tuple[PoolPlan, ...]) -> None:
+    """Compose runs a fixed set of named services; a pool that the profile finds by DNS has no
+    count to run and no name compose could give it."""
+    for p in plans:
+        if p.pool.discovery is not None:
+            raise RenderError(
+                f"pools.{p.name}.discovery: compose runs one vLLM service per listed backend; list the "
+                "pool's backends to render it for compose (`lane-router render k8s` deploys a pool found "
+                "by discovery)"
+            )
 
 
 def _router(cfg: ProfileConfig, plans: tuple[PoolPlan, ...], opts: ComposeOptions) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`vllm serve` command lines for the backends of a profile, as they stand in the profile.
 
-One command per backend URL: the server listens on that URL's host and port, is started with its
+One command per backend URL (per pool for a pool found by DNS, to run on every host its name
+resolves to): the server listens on that URL's host and port, is started with its
 pool's rendered arguments (`router.config.render.pool_serve_args`), reads its upstream key from
 the variable the router reads it from, and serves the model that a variable names (defaulting to
 the pool's model, so a local copy of the weights can be given without editing the profile).
@@ -13,7 +14,7 @@ import shlex
 import textwrap
 from dataclasses import dataclass
 
-from router.config.models import ProfileConfig
+from router.config.models import DiscoveryConfig, ProfileConfig
 from router.deploy.plan import CPU_ENTRYPOINT, GPU_ENTRYPOINT, Device, PoolPlan, plan_pools, pool_notes
 
 
@@ -51,6 +52,9 @@ def serve_plan(cfg: ProfileConfig, device: Device = "gpu") -> ServePlan:
     commands: list[ServeCommand] = []
     notes = pool_notes(plans)
     for p in plans:
+        if p.pool.discovery is not None:
+            commands.append(_discovered(p, p.pool.discovery, device))
+            notes.append(_discovered_note(p, p.pool.discovery))
         for index, url in enumerate(p.pool.backends):
             host, port = url.host or "127.0.0.1", url.port or 80
             bind = _bind_address(host)
@@ -66,6 +70,20 @@ def serve_plan(cfg: ProfileConfig, device: Device = "gpu") -> ServePlan:
                 "with the same value where its servers start"
             )
     return ServePlan(cfg.profile, device, tuple(commands), tuple(notes))
+
+
+def _discovered(p: PoolPlan, found: DiscoveryConfig, device: Device) -> ServeCommand:
+    where = f"http://<each address of {found.dns}>:{found.port}"
+    return _command(p, 0, where, "0.0.0.0", found.port, device)
+
+
+def _discovered_note(p: PoolPlan, found: DiscoveryConfig) -> str:
+    # The hosts are whatever the name resolves to when the router looks: the script cannot list them.
+    return (
+        f"pool {p.name}: found by DNS ({found.dns}): run its command on every host the name resolves to; "
+        f"it listens on every interface: let only the router reach port {found.port} (vLLM leaves "
+        "/invocations, /tokenize and more open without a key)"
+    )
 
 
 def _command(p: PoolPlan, index: int, url: str, bind: str, port: int, device: Device) -> ServeCommand:

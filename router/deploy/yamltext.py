@@ -11,7 +11,11 @@ import yaml
 
 
 class _Dumper(yaml.SafeDumper):
-    """Safe dumping, with literal blocks for multi-line text."""
+    """Safe dumping, with literal blocks for multi-line text and every value written out where it
+    stands: a selector shared by two fields reads as itself, not as an alias to the other."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -28,9 +32,11 @@ def dump(document: Any) -> str:
 
 def dump_all(documents: Sequence[Any], comments: Iterable[str] = ()) -> str:
     """A YAML stream: the comments first (`# `, wrapped), then each document after `---`."""
-    head = "".join(
-        "".join(f"# {line}\n" for line in textwrap.wrap(text, 98, subsequent_indent="  ") or [""])
-        for text in comments
-    )
+    head = "".join("".join(f"# {line}\n" for line in _wrapped(text)) for text in comments)
     body = "".join("---\n" + dump(doc) for doc in documents)
     return head + body
+
+
+def _wrapped(text: str) -> list[str]:
+    # Names such as vllm-<pool>.lane-router.svc stay whole on one line.
+    return textwrap.wrap(text, 98, subsequent_indent="  ", break_on_hyphens=False) or [""]

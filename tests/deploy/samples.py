@@ -68,5 +68,13 @@ def small(**pools: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(data)
 
 
+def found_by_dns(**discovery: Any) -> dict[str, Any]:
+    """The small profile with its `chat` pool found by DNS (`chat.internal`) instead of listed."""
+    data = small()
+    del data["pools"]["chat"]["backends"]
+    data["pools"]["chat"]["discovery"] = {"dns": "chat.internal", **discovery}
+    return data
+
+
 def cfg(data: dict[str, Any]) -> ProfileConfig:
     return parse_profile(data, "test profile")

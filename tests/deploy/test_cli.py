@@ -10,7 +10,7 @@ import yaml
 from router.auth import hash_key
 from router.cli import main
 from router.deploy.render_vllm import serve_plan, serve_script
-from tests.deploy.samples import example, small
+from tests.deploy.samples import example, found_by_dns, small
 from tests.deploy.tools import EXAMPLE_PROFILE, REPO
 
 
@@ -114,3 +114,83 @@ def test_environment_keys_are_left_to_where_the_deployment_runs(
     assert main(["render", "k8s", str(write(tmp_path, small())), "--out", str(out)]) == 0
 
     assert (out / "lane-router.yaml").exists()
+
+
+def test_autoscalers_and_their_metrics_source_are_chosen_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["render", "k8s", str(EXAMPLE_PROFILE), "--namespace", "llm",
+            "--autoscale", "interactive=hpa:2-6", "--autoscale", "batch=keda:1-4:8",
+            "--prometheus", "http://prom.obs.svc:9090", "--prometheus-pods", "obs:app=prom"]  # fmt: skip
+    assert main(argv) == 0
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    assert {d["metadata"]["namespace"] for d in docs.values()} == {"llm"}
+    assert docs["HorizontalPodAutoscaler", "vllm-interactive"]["spec"]["maxReplicas"] == 6
+    [trigger] = docs["ScaledObject", "vllm-batch"]["spec"]["triggers"]
+    assert trigger["metadata"]["serverAddress"] == "http://prom.obs.svc:9090"
+    assert trigger["metadata"]["threshold"] == "8"
+    [rule] = docs["NetworkPolicy", "vllm-metrics-from-prometheus"]["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"] == {"matchLabels": {"app": "prom"}}
+
+
+def test_a_malformed_autoscaler_exits_2_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", "k8s", str(EXAMPLE_PROFILE), "--autoscale", "interactive=hpa:6-2"])
+
+    assert exit_.value.code == 2
+    assert "--autoscale: 'interactive=hpa:6-2': need 1 ≤ MIN ≤ MAX" in capsys.readouterr().err
+
+
+def test_an_autoscaler_for_no_pool_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+
+    assert (
+        main(["render", "k8s", str(EXAMPLE_PROFILE), "--autoscale", "chat=hpa:1-2", "--out", str(out)]) == 2
+    )
+
+    assert "autoscaler for 'chat': the profile has no such pool" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("target", ["vllm", "compose"])
+def test_kubernetes_options_are_refused_for_other_targets(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["render", target, str(EXAMPLE_PROFILE), "--autoscale", "interactive=hpa:1-2", "--namespace", "x"]
+
+    assert main(argv) == 2
+
+    assert capsys.readouterr().err == f"lane-router render {target}: --namespace, --autoscale: for k8s only\n"
+
+
+def test_compose_refuses_a_pool_found_by_dns_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+
+    assert main(["render", "compose", str(write(tmp_path, found_by_dns())), "--out", str(out)]) == 2
+
+    err = capsys.readouterr().err
+    assert "profile.yaml: pools.chat.discovery: compose runs one vLLM service per listed backend" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("target", ["vllm", "k8s"])
+def test_other_targets_render_a_pool_found_by_dns(tmp_path: Path, target: str) -> None:
+    assert main(["render", target, str(write(tmp_path, found_by_dns())), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_the_help_explains_the_kubernetes_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["render", "--help"])
+
+    text = " ".join(capsys.readouterr().out.split())
+    expected = [
+        "--autoscale POOL=hpa|keda:MIN-MAX[:WAITING]",
+        "vllm:num_requests_waiting",
+        "deploy/prometheus/prometheus-adapter.yml",
+        "--prometheus-pods",
+        "(default lane-router)",
+    ]
+    assert [words for words in expected if words not in text] == []

@@ -12,37 +12,42 @@ from router.config.models import RequestClass
 from tests.deploy.samples import example
 from tests.deploy.tools import DEPLOY, EXAMPLE_PROFILE, REPO, run, venv_tool
 
+AUTOSCALED = ("--autoscale", "interactive=hpa:2-8", "--autoscale", "batch=keda:1-4:8")
 RENDERED = [
-    ("vllm", "gpu", "bare-metal/gpu/vllm-serve.sh"),
-    ("vllm", "cpu", "bare-metal/cpu/vllm-serve.sh"),
-    ("compose", "gpu", "compose/gpu/compose.yaml"),
-    ("compose", "cpu", "compose/cpu/compose.yaml"),
-    ("k8s", "gpu", "k8s/gpu/lane-router.yaml"),
-    ("k8s", "cpu", "k8s/cpu/lane-router.yaml"),
+    ("vllm", "gpu", "bare-metal/gpu/vllm-serve.sh", ()),
+    ("vllm", "cpu", "bare-metal/cpu/vllm-serve.sh", ()),
+    ("compose", "gpu", "compose/gpu/compose.yaml", ()),
+    ("compose", "cpu", "compose/cpu/compose.yaml", ()),
+    ("k8s", "gpu", "k8s/gpu/lane-router.yaml", ()),
+    ("k8s", "cpu", "k8s/cpu/lane-router.yaml", ()),
+    ("k8s", "gpu", "k8s/gpu-autoscaled/lane-router.yaml", AUTOSCALED),
 ]
 
 
-@pytest.mark.parametrize(("target", "device", "shipped"), RENDERED)
-def test_shipped_renderings_are_up_to_date(tmp_path: Path, target: str, device: str, shipped: str) -> None:
+@pytest.mark.parametrize(("target", "device", "shipped", "extra"), RENDERED)
+def test_shipped_renderings_are_up_to_date(
+    tmp_path: Path, target: str, device: str, shipped: str, extra: tuple[str, ...]
+) -> None:
     # Rendered into the same layout under a stand-in repository, so relative paths come out alike.
     out = tmp_path / "deploy" / Path(shipped).parent
-    argv = [
-        "render",
-        target,
-        str(EXAMPLE_PROFILE),
-        "--device",
-        device,
-        "--out",
-        str(out),
-        "--context",
-        str(tmp_path),
-    ]
+    context = ["--context", str(tmp_path)] if target == "compose" else []
+    argv = ["render", target, str(EXAMPLE_PROFILE), "--device", device, "--out", str(out), *context, *extra]
 
     assert main(argv) == 0
 
     fresh = (out / Path(shipped).name).read_text(encoding="utf-8")
     where = out.relative_to(tmp_path)
-    command = f"lane-router render {target} deploy/example-profile.yaml --device {device} --out {where}"
+    command = " ".join(
+        [
+            "lane-router render",
+            target,
+            "deploy/example-profile.yaml --device",
+            device,
+            "--out",
+            str(where),
+            *extra,
+        ]
+    )
     assert (DEPLOY / shipped).read_text(encoding="utf-8") == fresh, (
         f"stale: run `{command}` in the repository"
     )

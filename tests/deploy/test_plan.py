@@ -60,12 +60,20 @@ def test_other_extra_args_pass_through() -> None:
     assert plan_pools(profile, "gpu")[0].serve.args[-1] == "--enforce-eager"
 
 
+def listed(**backend: str) -> dict[str, dict[str, list[str]]]:
+    """One listed backend per pool, as a deployment's backend sources."""
+    return {pool: {"backends": [url]} for pool, url in backend.items()}
+
+
 def test_deployed_profile_points_pools_at_the_deployment_and_stays_valid() -> None:
     profile = cfg(small())
     plans = plan_pools(profile, "gpu")
-    backends = {"chat": ["http://c-0:8000", "http://c-1:8000"], "bulk": ["http://b-0:8000"]}
+    sources = {
+        "chat": {"backends": ["http://c-0:8000", "http://c-1:8000"]},
+        "bulk": {"backends": ["http://b-0:8000"]},
+    }
 
-    data = deployed_profile(profile, plans, backends)
+    data = deployed_profile(profile, plans, sources)
     reparsed = parse_profile(data)
 
     assert reparsed.pools["chat"].origins == ("http://c-0:8000", "http://c-1:8000")
@@ -84,7 +92,7 @@ def test_a_literal_upstream_key_moves_to_the_environment() -> None:
     profile = cfg(data)
     plans = plan_pools(profile, "gpu")
 
-    deployed = deployed_profile(profile, plans, {"chat": ["http://c:1"], "bulk": ["http://b:1"]})
+    deployed = deployed_profile(profile, plans, listed(chat="http://c:1", bulk="http://b:1"))
 
     assert plans[0].key_env == "LANE_ROUTER_POOL_CHAT_KEY"
     assert "literal-secret-value" not in repr(deployed)
@@ -96,7 +104,7 @@ def test_a_deployment_that_breaks_the_profile_is_refused() -> None:
     plans = plan_pools(profile, "gpu")
 
     with pytest.raises(ConfigError, match="also a backend of pool"):
-        deployed_profile(profile, plans, {"chat": ["http://same:1"], "bulk": ["http://same:1"]})
+        deployed_profile(profile, plans, listed(chat="http://same:1", bulk="http://same:1"))
 
 
 def test_notes_name_each_concern_once_for_all_its_pools() -> None:
@@ -120,3 +128,16 @@ def test_no_admission_note_where_vllm_still_has_the_flags() -> None:
     notes = pool_notes(plan_pools(cfg(data), "gpu"))
 
     assert not any(n.startswith("pool chat") for n in notes)
+
+
+def test_a_pool_may_be_deployed_found_by_dns_in_place_of_its_list() -> None:
+    profile = cfg(small())
+    plans = plan_pools(profile, "gpu")
+    sources = {**listed(bulk="http://b:1"), "chat": {"discovery": {"dns": "chat.svc", "port": 8000}}}
+
+    data = deployed_profile(profile, plans, sources)
+
+    assert next(iter(data["pools"]["chat"])) == "discovery"  # where the list stood, for the reader
+    assert "backends" not in data["pools"]["chat"]
+    chat = parse_profile(data).pools["chat"]
+    assert chat.discovery is not None and chat.discovery.dns == "chat.svc" and chat.backends == []

@@ -14,8 +14,9 @@ import yaml
 
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
+from router.config.render import RenderError
 from router.deploy.render_compose import ComposeOptions, render_compose
-from tests.deploy.samples import cfg, example, small
+from tests.deploy.samples import cfg, example, found_by_dns, small
 from tests.deploy.tools import REPO, compose_schema
 
 
@@ -159,3 +160,10 @@ def test_dollars_in_the_profile_survive_interpolation() -> None:
     assert embedded_profile(doc).pools["chat"].model == "org/pay$day"
     command = doc["services"]["vllm-chat-0"]["command"]
     assert command[0] == "${LANE_ROUTER_MODEL_CHAT:-org/pay$$day}"
+
+
+def test_a_pool_found_by_dns_is_refused_by_its_dotted_path() -> None:
+    with pytest.raises(
+        RenderError, match=r"^pools\.chat\.discovery: compose runs one vLLM service per listed"
+    ):
+        render_compose(cfg(found_by_dns()))

@@ -11,7 +11,7 @@ import pytest
 
 from router.config.render import RenderError, pool_serve_args
 from router.deploy.render_vllm import serve_plan, serve_script
-from tests.deploy.samples import cfg, example, small
+from tests.deploy.samples import cfg, example, found_by_dns, small
 
 
 def test_one_command_per_backend_on_the_backend_address() -> None:
@@ -34,6 +34,18 @@ def test_a_host_name_binds_every_interface_with_a_warning() -> None:
 
     assert bulk[bulk.index("--host") + 1] == "0.0.0.0"
     assert any("bulk.internal:9000 listens on every interface" in n for n in plan.notes)
+
+
+def test_a_pool_found_by_dns_gets_one_command_for_every_host_its_name_resolves_to() -> None:
+    plan = serve_plan(cfg(found_by_dns(port=8200)))
+    [chat] = [c for c in plan.commands if c.pool == "chat"]
+
+    assert chat.url == "http://<each address of chat.internal>:8200"
+    assert chat.argv[3:7] == ("--host", "0.0.0.0", "--port", "8200")
+    assert chat.argv[7:] == pool_serve_args(cfg(found_by_dns()).pools["chat"]).args
+    [note] = [n for n in plan.notes if n.startswith("pool chat: found by DNS (chat.internal)")]
+    assert "let only the router reach port 8200" in note
+    assert "# pool chat, backend 0: http://<each address of chat.internal>:8200" in serve_script(plan)
 
 
 def test_cpu_starts_the_api_server_module() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -52,3 +53,11 @@ def compose_schema() -> dict[str, Any]:
     vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
     schema: dict[str, Any] = json.loads((vendor / "compose-spec.json").read_text(encoding="utf-8"))
     return schema
+
+
+def check_promql(promtool: str, queries: list[str], folder: Path) -> subprocess.CompletedProcess[str]:
+    """promtool's verdict on queries, each read as the expression of a recording rule."""
+    records = [{"record": f"check:query_{i}", "expr": q} for i, q in enumerate(queries)]
+    path = folder / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": records}]}), encoding="utf-8")
+    return run(promtool, "check", "rules", str(path))

@@ -77,6 +77,13 @@ def _register_overhead(sub: Any) -> None:
         default=1.0,
         help="multiply every scenario's request count (default 1.0; 0.2 for a quick look)",
     )
+    overhead.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="instead: the router as one process against `serve --workers N` (both ways of sharing the port)",
+    )
+    overhead.add_argument("--rounds", type=int, default=2, help="with --workers: alternations (default 2)")
     overhead.set_defaults(func=cmd_overhead)
 
 
@@ -209,6 +216,12 @@ def _fail(err: Exception) -> int:
 def cmd_overhead(args: argparse.Namespace) -> int:
     from router.lab.bench.overhead import render, run
 
+    if args.workers is not None:
+        from router.lab.bench import workers_overhead
+
+        totals = workers_overhead.run(args.workers, args.scale, max(1, args.rounds))
+        print(workers_overhead.render(args.workers, totals))
+        return 0 if all(t.errors == 0 for t in totals.values()) else 1
     rows = run(scale=args.scale)
     print(render(rows))
     return 0 if all(r.routed.errors == 0 and r.direct.errors == 0 for r in rows) else 1

@@ -1,11 +1,19 @@
-"""What per-key rate limits cost, with the levels in memory and in Redis, side by side in one run.
+"""What shared state costs per request — admission counts and per-key rate limits in Redis — and
+how long a slot freed by another router process takes to reach a waiter, side by side in one run.
 
-Three router processes with the same profile in front of one fake backend, differing only in the
-key's limits and where they live: no limits (the rate-limit path is skipped), limits in memory,
-limits in Redis (`state.redis_url`). The limits are far above the load, so nothing is refused
-and each request pays exactly one acquire and one settle. Rounds alternate between the three, so
-drift of the machine is shared out; the table gives latency, throughput and each router's own
-CPU time per request, and what Redis adds over memory.
+Cost: four router processes with the same profile in front of one fake backend, differing only
+in what they keep and where: nothing shared and no limits (today's single process), the key's
+rate limits in memory, `state:` with a key without limits (every request pays the admission
+counts: one take script, and its releases sent in the background), and `state:` with the key's
+limits in Redis too (plus an acquire and a settle script). The limits are far above the load, so
+nothing is refused. Rounds alternate between the routers, so drift of the machine is shared
+out; the table gives latency, throughput and each router's own CPU time per request.
+
+Hand-off: a lane with one in-flight slot, a backend that answers in 10 ms, and 8 clients — all
+through one router counting in memory, or 4 through each of two routers counting in Redis.
+Every request but the first waits for a release; the difference in time per request is what
+sharing adds to each hand-off (the release reaching Redis, the news reaching the waiter's
+process, its take).
 
     python -m router.lab.bench.sharedstate_overhead [--scale 1.0] [--rounds 3] [--redis-url URL]
 
@@ -41,8 +49,15 @@ from router.lab.bench.overhead import (
 from router.lab.procs import child_process
 
 LIMITS = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 100_000}
-VARIANTS = ("no limits", "memory", "redis")
+# name → (the key has rate limits, `state:` is configured)
+VARIANTS = {
+    "local": (False, False),
+    "limits in memory": (True, False),
+    "counts in Redis": (False, True),
+    "counts + limits in Redis": (True, True),
+}
 SCENARIOS = (Scenario("non-stream c=1", False, 1, 2000, 16), Scenario("non-stream c=16", False, 16, 4000, 16))
+HANDOFF = Scenario("hand-off, 1 slot, 8 clients", True, 8, 400, 1)
 
 
 @dataclass
@@ -61,11 +76,15 @@ class Totals:
         self.cpu_s += cpu_s
 
 
-def profile(backend: str, key: str, limited: bool, redis_url: str | None) -> dict[str, Any]:
+def profile(
+    backend: str, key: str, limited: bool, redis_url: str | None, slots: int | None = None
+) -> dict[str, Any]:
     data: dict[str, Any] = bench_profile(backend, key, LIMITS if limited else None)
     data["profile"] = "sharedstate-bench"
     if redis_url is not None:
         data["state"] = {"redis_url": redis_url, "timeout_s": 1.0}
+    if slots is not None:
+        data["lanes"]["chat"]["max_in_flight"] = slots
     return data
 
 
@@ -83,68 +102,112 @@ def redis_server(url: str | None) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
 
 
-def run(requests_scale: float, rounds: int, redis_url: str | None) -> dict[tuple[str, str], Totals]:
+class Routers:
+    """Router processes started for the run, each on a profile file of its own."""
+
+    def __init__(self, stack: contextlib.ExitStack, tmp: Path) -> None:
+        self._stack = stack
+        self._tmp = tmp
+        self.pids: dict[str, int] = {}
+        self.urls: dict[str, str] = {}
+
+    def start(self, name: str, data: dict[str, Any]) -> None:
+        path = self._tmp / f"{len(self.pids)}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        port = free_port()
+        argv = [sys.executable, "-m", "router", "serve", "--log-level", "warning", "--config", str(path)]
+        self.pids[name] = self._stack.enter_context(child_process([*argv, "--port", str(port)])).pid
+        self.urls[name] = f"http://127.0.0.1:{port}"
+
+
+def run(
+    scale: float, rounds: int, redis_url: str | None
+) -> tuple[dict[tuple[str, str], Totals], dict[str, Totals]]:
     py = sys.executable
     key = new_key()  # made for this run: nothing published opens these routers
-    backend_port = free_port()
-    ports = {v: free_port() for v in VARIANTS}
-    backend = f"http://127.0.0.1:{backend_port}"
+    zero, paced = free_port(), free_port()
+    backend = [py, "-m", "router.lab.bench.zero_backend", "--port"]
     with (
         redis_server(redis_url) as url,
         tempfile.TemporaryDirectory() as tmp,
         contextlib.ExitStack() as stack,
     ):
-        stack.enter_context(
-            child_process([py, "-m", "router.lab.bench.zero_backend", "--port", str(backend_port)])
-        )
-        pids = {}
-        for variant in VARIANTS:
-            path = Path(tmp, f"{variant.replace(' ', '-')}.yaml")
-            data = profile(backend, key, variant != "no limits", url if variant == "redis" else None)
-            path.write_text(yaml.safe_dump(data))
-            serve = [py, "-m", "router", "serve", "--log-level", "warning", "--config", str(path)]
-            pids[variant] = stack.enter_context(child_process([*serve, "--port", str(ports[variant])])).pid
-        return asyncio.run(_measure(backend, key, ports, pids, requests_scale, rounds))
+        stack.enter_context(child_process([*backend, str(zero)]))
+        stack.enter_context(child_process([*backend, str(paced), "--ttft-ms", "10"]))
+        routers = Routers(stack, Path(tmp))
+        for variant, (limited, shared) in VARIANTS.items():
+            routers.start(variant, profile(_url(zero), key, limited, url if shared else None))
+        routers.start("hand-off local", profile(_url(paced), key, False, None, slots=1))
+        for side in ("a", "b"):
+            routers.start(f"hand-off shared {side}", profile(_url(paced), key, False, url, slots=1))
+        return asyncio.run(_measure(key, routers, scale, rounds))
+
+
+def _url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
 
 
 async def _measure(
-    backend: str, key: str, ports: dict[str, int], pids: dict[str, int], scale: float, rounds: int
-) -> dict[tuple[str, str], Totals]:
-    routers = {v: f"http://127.0.0.1:{p}" for v, p in ports.items()}
-    for origin in (backend, *routers.values()):
-        await wait_up(origin)
+    key: str, routers: Routers, scale: float, rounds: int
+) -> tuple[dict[tuple[str, str], Totals], dict[str, Totals]]:
+    for origin in routers.urls.values():
+        await wait_up(origin, b"/ready")
     totals: dict[tuple[str, str], Totals] = {}
     for sc in SCENARIOS:
         count = max(sc.concurrency * 4, int(sc.requests * scale / rounds))
-        for origin in routers.values():
-            await load(origin, sc, max(sc.concurrency, count // 5), key)  # warm up connections and scripts
+        for variant in VARIANTS:
+            await load(routers.urls[variant], sc, max(sc.concurrency, count // 5), key)  # warm up
         for r in range(rounds):
             print(f"  {sc.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
-            for variant, origin in routers.items():
-                cpu0 = cpu_seconds(pids[variant])
-                sample = await load(origin, sc, count, key)
-                totals.setdefault((sc.name, variant), Totals()).add(sample, cpu_seconds(pids[variant]) - cpu0)
-    return totals
+            for variant in VARIANTS:
+                pid = routers.pids[variant]
+                cpu0 = cpu_seconds(pid)
+                sample = await load(routers.urls[variant], sc, count, key)
+                totals.setdefault((sc.name, variant), Totals()).add(sample, cpu_seconds(pid) - cpu0)
+    return totals, await _handoffs(
+        key, routers, max(HANDOFF.concurrency * 4, int(HANDOFF.requests * scale)), rounds
+    )
 
 
-def render(totals: dict[tuple[str, str], Totals]) -> str:
+async def _handoffs(key: str, routers: Routers, count: int, rounds: int) -> dict[str, Totals]:
+    half = Scenario(HANDOFF.name, True, HANDOFF.concurrency // 2, count // 2, HANDOFF.max_tokens)
+    out = {"local": Totals(), "shared": Totals()}
+    for r in range(rounds):
+        print(f"  {HANDOFF.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
+        out["local"].add(await load(routers.urls["hand-off local"], HANDOFF, count, key), 0.0)
+        a, b = (routers.urls[f"hand-off shared {side}"] for side in "ab")
+        both = await asyncio.gather(load(a, half, count // 2, key), load(b, half, count // 2, key))
+        latencies = both[0].latencies + both[1].latencies
+        errors = both[0].errors + both[1].errors
+        out["shared"].add(Sample(latencies, [], 0, errors, max(s.wall for s in both)), 0.0)
+    return out
+
+
+def render(totals: dict[tuple[str, str], Totals], handoffs: dict[str, Totals]) -> str:
     lines = [
-        "| scenario | rate limits | requests | errors | req/s | p50 ms | p99 ms | router CPU µs/req "
-        "| p50 added vs memory | p99 added vs memory |",
+        "| scenario | shared state | requests | errors | req/s | p50 ms | p99 ms | router CPU µs/req "
+        "| p50 added vs local | p99 added vs local |",
         "|" + "---|" * 10,
     ]
     for sc in SCENARIOS:
-        memory = totals[(sc.name, "memory")].latencies
+        local = totals[(sc.name, "local")].latencies
         for variant in VARIANTS:
             t = totals[(sc.name, variant)]
-            added = ["", ""]
-            if variant != "memory":
-                added = [f"{(pct(t.latencies, q) - pct(memory, q)) * 1e3:+.3f} ms" for q in (0.5, 0.99)]
+            added = [f"{(pct(t.latencies, q) - pct(local, q)) * 1e3:+.3f} ms" for q in (0.5, 0.99)]
             lines.append(
                 f"| {sc.name} | {variant} | {t.requests} | {t.errors} | {t.requests / t.wall:.0f} "
                 f"| {pct(t.latencies, 0.5) * 1e3:.3f} | {pct(t.latencies, 0.99) * 1e3:.3f} "
                 f"| {t.cpu_s / max(1, t.requests) * 1e6:.0f} | {added[0]} | {added[1]} |"
             )
+    lines += [
+        "",
+        "| hand-off (1 slot, 8 clients, 10 ms answers) | requests | errors | ms per request |",
+        "|---|---|---|---|",
+    ]
+    per = {name: t.wall / max(1, t.requests) * 1e3 for name, t in handoffs.items()}
+    for name, t in handoffs.items():
+        lines.append(f"| {name} | {t.requests} | {t.errors} | {per[name]:.2f} |")
+    lines.append(f"| **added per hand-off** | | | {per['shared'] - per['local']:+.2f} |")
     return "\n".join(lines)
 
 
@@ -153,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the requests per scenario")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations between the three routers")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations between the routers")
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
     args = parser.parse_args(argv)
-    print(render(run(args.scale, max(1, args.rounds), args.redis_url)))
+    totals, handoffs = run(args.scale, max(1, args.rounds), args.redis_url)
+    print(render(totals, handoffs))
     return 0
 
 

@@ -1,0 +1,157 @@
+"""`lane-router bench overhead --workers N`: the router as one process against `serve --workers N`
+(both ways of sharing the port, router/workers.py), side by side in one run on loopback.
+
+Routers with the same profile in front of the same fake backends (one answering at once, one
+paced at 20 ms to the first token and 5 ms between tokens); the load alternates between them
+round by round, so drift of the machine is shared out. Non-streamed scenarios give requests per
+second; paced streams with many clients give the stream capacity (chunks relayed per second and
+how the token rhythm holds). The CPU column is the router's own time — with workers, the sum of
+its processes'."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from router.auth import new_key
+from router.lab.bench.overhead import (
+    Sample,
+    Scenario,
+    bench_profile,
+    cpu_seconds,
+    free_port,
+    load,
+    pct,
+    wait_up,
+)
+from router.lab.procs import child_process
+
+SCENARIOS = (
+    Scenario("non-stream c=32", False, 32, 6000, 16),
+    Scenario("non-stream c=128", False, 128, 8000, 16),
+    Scenario("stream 20ms/5ms c=64", True, 64, 640, 64, paced=True),
+    Scenario("stream 20ms/5ms c=256", True, 256, 1536, 64, paced=True),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    workers: int
+    sockets: str = "reuseport"
+
+
+@dataclass
+class Totals:
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    chunks: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    cpu_s: float = 0.0
+
+    def add(self, sample: Sample, cpu_s: float) -> None:
+        self.latencies += sample.latencies
+        self.ttfts += sample.ttfts
+        self.chunks += sample.chunks
+        self.errors += sample.errors
+        self.wall += sample.wall
+        self.cpu_s += cpu_s
+
+
+def variants(workers: int) -> tuple[Variant, ...]:
+    return (
+        Variant("1 process", 1),
+        Variant(f"{workers} workers, reuseport", workers, "reuseport"),
+        Variant(f"{workers} workers, inherit", workers, "inherit"),
+    )
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of `pid` and its children (a supervisor's workers)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    yield int(entry.name)
+
+
+def run(workers: int, scale: float, rounds: int) -> dict[tuple[str, str], Totals]:
+    py = sys.executable
+    key = new_key()  # made for this run: nothing published opens these routers
+    zero_port, paced_port = free_port(), free_port()
+    backend = [py, "-m", "router.lab.bench.zero_backend"]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        stack.enter_context(child_process([*backend, "--port", str(zero_port)]))
+        stack.enter_context(
+            child_process([*backend, "--port", str(paced_port), "--ttft-ms", "20", "--itl-ms", "5"])
+        )
+        routers: dict[tuple[str, bool], tuple[str, int]] = {}
+        for variant in variants(workers):
+            for paced, port in ((False, zero_port), (True, paced_port)):
+                path = Path(tmp, f"{variant.workers}-{variant.sockets}-{paced}.yaml")
+                path.write_text(yaml.safe_dump(bench_profile(f"http://127.0.0.1:{port}", key)))
+                routers[(variant.name, paced)] = _start(stack, path, variant)
+        return asyncio.run(_measure(workers, key, routers, scale, rounds))
+
+
+def _start(stack: contextlib.ExitStack, config: Path, variant: Variant) -> tuple[str, int]:
+    port = free_port()
+    argv = [sys.executable, "-m", "router", "serve", "--log-level", "warning", "--config", str(config)]
+    argv += ["--port", str(port), "--workers", str(variant.workers)]
+    env = {**os.environ, "LANE_ROUTER_WORKER_SOCKETS": variant.sockets}
+    proc = stack.enter_context(child_process(argv, env=env))
+    return f"http://127.0.0.1:{port}", proc.pid
+
+
+async def _measure(
+    workers: int, key: str, routers: dict[tuple[str, bool], tuple[str, int]], scale: float, rounds: int
+) -> dict[tuple[str, str], Totals]:
+    for origin, _ in routers.values():
+        await wait_up(origin, b"/ready")
+    totals: dict[tuple[str, str], Totals] = {}
+    for sc in SCENARIOS:
+        count = max(sc.concurrency * 4, int(sc.requests * scale / rounds))
+        for variant in variants(workers):
+            origin, _ = routers[(variant.name, sc.paced)]
+            await load(origin, sc, max(sc.concurrency * 2, count // 5), key)  # warm up every worker
+        for r in range(rounds):
+            print(f"  {sc.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
+            for variant in variants(workers):
+                origin, pid = routers[(variant.name, sc.paced)]
+                cpu0 = tree_cpu_seconds(pid)
+                sample = await load(origin, sc, count, key)
+                totals.setdefault((sc.name, variant.name), Totals()).add(sample, tree_cpu_seconds(pid) - cpu0)
+    return totals
+
+
+def render(workers: int, totals: dict[tuple[str, str], Totals]) -> str:
+    lines = [
+        "| scenario | router | req/s | chunks/s | p50 ms | p99 ms | TTFT p99 ms | errors "
+        "| router CPU µs/req |",
+        "|" + "---|" * 9,
+    ]
+    for sc in SCENARIOS:
+        for variant in variants(workers):
+            t = totals[(sc.name, variant.name)]
+            n = len(t.latencies)
+            chunks = f"{t.chunks / t.wall:.0f}" if sc.stream else ""
+            ttft = f"{pct(t.ttfts, 0.99) * 1e3:.1f}" if sc.stream else ""
+            lines.append(
+                f"| {sc.name} | {variant.name} | {n / t.wall:.0f} | {chunks} "
+                f"| {pct(t.latencies, 0.5) * 1e3:.2f} | {pct(t.latencies, 0.99) * 1e3:.2f} | {ttft} "
+                f"| {t.errors} | {t.cpu_s / max(1, n) * 1e6:.0f} |"
+            )
+    return "\n".join(lines)
