@@ -12,22 +12,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from router import admin
+from router.apiroutes import PROXIED, ApiRoute, StoredRoute, stored_route
 from router.asgi import Message, Receive, Send, send_bytes, send_json
 from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
 from router.metrics import CONTENT_TYPE
 from router.proxy.forward import ResponseAborted
 from router.proxy.handler import ClientGone, Headers, handle
+from router.proxy.stored import handle_stored
 from router.state import RouterState
 
 Handler = Callable[[RouterState, Message, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("lane_router.app")
-
-_PROXIED: dict[bytes, tuple[str, bytes]] = {
-    b"/v1/chat/completions": ("chat", b"/v1/chat/completions"),
-    b"/v1/completions": ("completions", b"/v1/completions"),
-    b"/v1/embeddings": ("embeddings", b"/v1/embeddings"),
-}
 
 
 async def _health(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
@@ -62,16 +58,37 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
     await send_json(send, 200, {"object": "list", "data": data})
 
 
-def _proxy(endpoint: str, target: bytes) -> Handler:
+def _proxy(api: ApiRoute) -> Handler:
     async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
         runtime = state.runtime
         runtime.enter()
         try:
-            await handle(runtime, endpoint, target, scope, receive, send)  # type: ignore[arg-type]
+            await handle(runtime, api, scope, receive, send)
         finally:
             runtime.leave()
 
     return proxied
+
+
+def _stored(route: StoredRoute) -> Handler:
+    async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
+        runtime = state.runtime
+        runtime.enter()
+        try:
+            await handle_stored(runtime, route, scope, receive, send)
+        finally:
+            runtime.leave()
+
+    return proxied
+
+
+def _methods(path: bytes) -> dict[str, Handler] | None:
+    """The handlers of the route `path` names exactly: a fixed route, or a stored response's."""
+    methods = ROUTES.get(path)
+    if methods is not None:
+        return methods
+    stored = stored_route(path)
+    return None if stored is None else {stored.method: _stored(stored)}
 
 
 ROUTES: dict[bytes, dict[str, Handler]] = {
@@ -81,7 +98,7 @@ ROUTES: dict[bytes, dict[str, Handler]] = {
     b"/v1/models": {"GET": _models},
     b"/admin/lanes": {"GET": admin.lanes},
     b"/admin/reload": {"POST": admin.reload},
-    **{path: {"POST": _proxy(endpoint, target)} for path, (endpoint, target) in _PROXIED.items()},
+    **{path: {"POST": _proxy(api)} for path, api in PROXIED.items()},
 }
 
 
@@ -103,7 +120,7 @@ class LaneRouterApp:
         # the server's to report: logged once, a 500 if nothing was sent yet, else the
         # connection is dropped (router/httpserver/dispatch.py).
         try:
-            methods = ROUTES.get(scope.get("raw_path") or scope["path"].encode())
+            methods = _methods(scope.get("raw_path") or scope["path"].encode())
             if methods is None:
                 raise NotFound("unknown route", code="unknown_route")
             handler = methods.get(scope["method"])

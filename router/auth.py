@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from router.config.models import FieldRules, KeyConfig, RequestClass
+from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
 from router.errors import Forbidden, Unauthorized
 from router.requestfields import FieldPolicy
 
@@ -37,6 +37,15 @@ class ApiKey:
     max_concurrency: int | None
     fields: FieldPolicy = field(default_factory=FieldPolicy)
     cache_salt: str | None = None  # set on every request when the profile isolates prefix caches
+    routes: frozenset[RouteScope] = frozenset(DEFAULT_ROUTES)
+
+    def allow_route(self, scope: RouteScope) -> None:
+        if scope not in self.routes:
+            raise Forbidden(
+                f"this key may not use the {scope.value} routes (its routes: "
+                f"{', '.join(sorted(r.value for r in self.routes))})",
+                code="route_scope_required",
+            )
 
     def allow_class(self, cls: RequestClass) -> None:
         if self.classes is not None and cls not in self.classes:
@@ -95,6 +104,7 @@ def build_keys(
                 max_concurrency=cfg.max_concurrency,
                 fields=_field_policy(rules, cfg.request_fields),
                 cache_salt=cache_salt(cfg) if isolate_caches else None,
+                routes=frozenset(cfg.routes if cfg.routes is not None else DEFAULT_ROUTES),
             )
         )
     return tuple(keys)

@@ -20,6 +20,7 @@ class Reason(StrEnum):
     LARGE_GENERATION = "large_generation"
     SLOW_CLIENT = "slow_client"
     DEFAULT = "default"
+    CONVERSATION = "previous_response"
 
 
 @dataclass(frozen=True, slots=True)

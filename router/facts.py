@@ -14,11 +14,20 @@ prompt of a completions batch multiply it: `sequences` is how many outputs one r
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from router.apifacts import (
+    RERANK_SIDES,
+    SCORE_SIDES,
+    Prompt,
+    detokenize_prompt,
+    pairs_prompt,
+    responses_prompt,
+)
 from router.errors import BadRequest
 from router.requestfields import Endpoint
 from router.tokens import CHARS_PER_TOKEN, Media, PromptCounter, message_text
@@ -35,6 +44,14 @@ _IMAGE_PARTS = frozenset({"image_url", "input_image", "image_pil"})
 _AUDIO_PARTS = frozenset({"input_audio", "audio_url"})
 _VIDEO_PARTS = frozenset({"video_url"})
 _OTHER_FIELDS = ("name", "tool_call_id", "reasoning", "reasoning_content")
+
+
+_API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] = {
+    "responses": responses_prompt,
+    "rerank": lambda data, counter: pairs_prompt(data, counter, RERANK_SIDES),
+    "score": lambda data, counter: pairs_prompt(data, counter, SCORE_SIDES),
+    "detokenize": lambda data, counter: detokenize_prompt(data),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +89,16 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
     stream = _opt_bool(data, "stream")
-    if endpoint == "chat":
+    roles: tuple[str, ...] = ()
+    if endpoint == "chat" or (endpoint == "tokenize" and "messages" in data):
         text, roles, tool_messages, prompt_tokens = _chat_prompt(data, counter)
         prompts = 1
+    elif endpoint in _API_PROMPTS:
+        text, prompt_tokens, prompts, tool_messages = _API_PROMPTS[endpoint](data, counter)
     else:
-        key = "prompt" if endpoint == "completions" else "input"
+        key = "input" if endpoint == "embeddings" else "prompt"
         text, prompt_tokens, prompts = _plain_prompt(data, key, counter)
-        roles, tool_messages = (), False
+        tool_messages = False
         if endpoint == "completions" and isinstance(data.get("suffix"), str):
             prompt_tokens += counter.text(data["suffix"])
     tools = data.get("tools")
@@ -94,7 +114,7 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
         model=model,
         stream=stream,
         max_tokens=_max_tokens(data, endpoint),
-        sequences=prompts * _samples(data, endpoint) if endpoint != "embeddings" else prompts,
+        sequences=prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
         has_tools=bool(tools) or tool_messages,
         roles=roles,
         prompt_tokens=prompt_tokens,
@@ -244,7 +264,9 @@ def _positive(data: dict[str, Any], name: str) -> int | None:
 
 
 def _max_tokens(data: dict[str, Any], endpoint: Endpoint) -> int | None:
-    if endpoint == "embeddings":
+    if endpoint == "responses":
+        return _positive(data, "max_output_tokens")
+    if endpoint not in ("chat", "completions"):
         return None
     stated = _positive(data, "max_tokens")
     if endpoint == "chat":

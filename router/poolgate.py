@@ -50,6 +50,7 @@ class Ticket:
     backend: Backend | None = None
     prefilling: bool = False
     timer: asyncio.TimerHandle | None = None
+    pin: Backend | None = None  # the one backend the request may go to (a stored response's)
 
 
 @dataclass(eq=False, slots=True)
@@ -100,7 +101,7 @@ class PoolGate:
                     limit = self.share.part(limit)
                 if lane.in_flight >= limit:
                     return None
-        candidates = self._routable(ticket.tried)
+        candidates = routable_for(self._routable, ticket)
         backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
         if backend is None:
             return None
@@ -168,7 +169,7 @@ class PoolGate:
         lane = ticket.lane
         if limits.refuses(ticket.long) or lane_limit == 0:
             raise _refused(ticket, self.whole, limits, lane_limit)
-        if not self._routable(ticket.tried):
+        if not routable_for(self._routable, ticket):
             raise Unavailable(
                 f"no healthy backend in pool {lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
             )
@@ -257,6 +258,14 @@ class PoolGate:
             self._queues[priority] = kept
             if short_blocked or not budget:
                 return
+
+
+def routable_for(routable: Callable[[frozenset[Backend]], list[Backend]], ticket: Ticket) -> list[Backend]:
+    """The backends the ticket may be sent to now: the pool's routable ones it was not sent to,
+    or only its pinned backend."""
+    found = routable(ticket.tried)
+    pin = ticket.pin
+    return found if pin is None else [b for b in found if b is pin]
 
 
 def charge(ticket: Ticket, backend: Backend) -> None:

@@ -19,9 +19,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from router.apifields import (
+    AUDIO_FIELDS,
+    DETOKENIZE_FIELDS,
+    RERANK_FIELDS,
+    RESPONSES_FIELDS,
+    SCORE_FIELDS,
+    TOKENIZE_FIELDS,
+)
 from router.errors import BadRequest, Forbidden
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "rerank",
+    "score",
+    "tokenize",
+    "detokenize",
+    "transcriptions",
+    "translations",
+]
 
 # OpenAI fields vLLM accepts and ignores; refusing them would break ordinary clients.
 _IGNORED_OPENAI = frozenset(
@@ -113,6 +132,13 @@ OPEN_FIELDS: Mapping[Endpoint, frozenset[str]] = {
         "endianness",
         "use_activation",
     },
+    "responses": RESPONSES_FIELDS | _IGNORED_OPENAI,
+    "rerank": RERANK_FIELDS,
+    "score": SCORE_FIELDS,
+    "tokenize": TOKENIZE_FIELDS,
+    "detokenize": DETOKENIZE_FIELDS,
+    "transcriptions": AUDIO_FIELDS,
+    "translations": AUDIO_FIELDS,
 }
 
 # The engine's own knobs: scheduling order, cache isolation, request identity, templates,

@@ -6,7 +6,8 @@ written into it. Pure.
   else the key's `max_tokens` bound, else the pool's context — so tpm charges, lane shapes and
   evidence all judge the bound vLLM will obey. On completions vLLM's own default (16) is the
   bound when nothing is stated, and it is written too. The bound goes into the field vLLM
-  honours and the other output field is dropped.
+  honours and the other output field is dropped (Responses: `max_output_tokens`; audio routes:
+  `max_completion_tokens`, router.audiofacts).
 * `priority`, from the lane, on pools whose vLLM schedules by priority (the client's is
   replaced; on other pools vLLM refuses any non-zero priority).
 * `cache_salt`, the key's, when the profile isolates prefix caches (the client's is replaced).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from router.apiroutes import NO_OUTPUT
 from router.errors import BadRequest
 from router.facts import RequestFacts
 
@@ -35,7 +37,7 @@ class OutputCaps:
 def output_bound(facts: RequestFacts, caps: OutputCaps) -> int | None:
     """The per-sequence output bound the backend will obey; None for routes without output.
     A stated bound must already be within the caps (`check_output`)."""
-    if facts.endpoint == "embeddings":
+    if facts.endpoint in NO_OUTPUT:
         return None
     if facts.max_tokens is not None:
         return facts.max_tokens
@@ -77,6 +79,9 @@ def upstream_body(
 
 
 def _write_bound(body: dict[str, object], facts: RequestFacts, bound: int) -> None:
+    if facts.endpoint == "responses":
+        body["max_output_tokens"] = bound
+        return
     if facts.endpoint == "chat" and body.get("max_completion_tokens") is not None:
         body["max_completion_tokens"] = bound
         body.pop("max_tokens", None)

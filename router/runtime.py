@@ -32,13 +32,14 @@ from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
 from router.backends import Backend, Health, Pool, backend_label
 from router.balance import BalanceHooks, Balancer, make_balancer
-from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass
+from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
 from router.metrics import Metrics
 from router.prefixes import PrefixHistory
 from router.ratelimit import MemoryRateStore, RateStore
 from router.redisstores import RedisRateStore, RedisSlowClients
+from router.responseids import ResponseIds
 from router.sharedstate import SharedState, redis_url
 from router.slots.budget import Share
 from router.slots.counting import Counting, counting_for
@@ -79,6 +80,7 @@ class Runtime:
     buffers: BufferBudget
     fleet: Fleet
     shared: SharedState | None = None
+    responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
@@ -170,6 +172,7 @@ def build_runtime(
     fleet.hold(pools.values())
     lanes = {cls: _lane(cls, lc, pools[lc.pool], metrics, previous) for cls, lc in cfg.lanes.items()}
     fleet.wake_waiters()
+    responses = _responses(cfg, previous, shared)
     models: dict[str, tuple[Pool, ...]] = {}
     for pool in pools.values():
         for model in pool.config.models:
@@ -189,6 +192,7 @@ def build_runtime(
         buffers=previous.buffers if previous and keep else _buffers(cfg, metrics),
         fleet=fleet,
         shared=shared,
+        responses=responses,
         counting=counting,
     )
 
@@ -205,6 +209,17 @@ def _shared_state(
     if old is not None and old.same_as(cfg.state, url):
         return old.retain()
     return SharedState(cfg.state, url, metrics)
+
+
+def _responses(cfg: ProfileConfig, previous: Runtime | None, shared: SharedState | None) -> ResponseIds:
+    """The response ids survive a reload (they name responses the backends still hold), under
+    the new limits and the new shared state."""
+    if previous is None:
+        return ResponseIds(cfg.response_ids, shared)
+    kept = previous.responses
+    kept.config = cfg.response_ids
+    kept.shared = shared
+    return kept
 
 
 def _slow_clients(cfg: ProfileConfig, shared: SharedState | None) -> SlowClients:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from router.asgi import Receive, Scope, Send, answer_lifespan, receive_body
+from tests.fakeapi import FakeApi
 
 
 @dataclass
@@ -51,6 +52,7 @@ class FakeBackend:
     record: bool = True
     healthy: bool = True
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    api: FakeApi = field(default_factory=FakeApi)  # vLLM's other client routes (tests/fakeapi.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -72,7 +74,10 @@ class FakeBackend:
             self.seen.append(item)
             self._notify()
         try:
-            await self._generate(receive, send, body)
+            if self.api.serves(path):
+                await self._api(scope, receive, send, body)
+            else:
+                await self._generate(receive, send, body)
             item.finished = time.monotonic()
         except asyncio.CancelledError:
             item.disconnected = time.monotonic()
@@ -89,6 +94,18 @@ class FakeBackend:
         async with asyncio.timeout(timeout):
             while not predicate():
                 await self.changed.wait()
+
+    async def _api(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        if self.behaviour.status != 200:
+            await _respond(
+                send, self.behaviour.status, b'{"error":{"message":"scripted failure","code":"scripted"}}'
+            )
+            return
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await self.api.answer(scope, body, watcher, send)
+        finally:
+            watcher.cancel()
 
     async def _generate(self, receive: Receive, send: Send, body: bytes) -> None:
         b = self.behaviour

@@ -75,10 +75,7 @@ async def test_probes_need_no_key_and_say_nothing_about_backends(stack: Stack) -
 
 HIDDEN_PATHS = [
     "/invocations",
-    "/tokenize",
-    "/detokenize",
     "/pooling",
-    "/score",
     "/generative_scoring",
     "/version",
     "/load",
@@ -90,9 +87,6 @@ HIDDEN_PATHS = [
     "/reset_prefix_cache",
     "/sleep",
     "/start_profile",
-    "/v1/score",
-    "/v1/rerank",
-    "/v2/rerank",
     "//v1/chat/completions",
     "/v1//chat/completions",
     "/v1/../invocations",
@@ -116,6 +110,32 @@ async def test_only_allowlisted_routes_exist(stack: Stack, key: str | None) -> N
             status, body = await _raw_request(stack.url, method, path, headers, b'{"model":"fake-model"}')
             assert status == 404, (method, path, status, body)
             assert b'"error"' in body
+    assert stack.forwarded() == 0
+
+
+# vLLM routes the router serves only to keys whose `routes:` name them: no default key may.
+SCOPED_PATHS = [
+    "/tokenize",
+    "/detokenize",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/responses",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+]
+
+
+async def test_scoped_routes_need_a_key_with_their_scope(stack: Stack) -> None:
+    for path in SCOPED_PATHS:
+        status, body = await _raw_request(stack.url, "POST", path, {}, b'{"model":"fake-model"}')
+        assert status == 401, (path, status, body)
+        for key in ("user", "ops", "chat-only"):
+            status, body = await _raw_request(stack.url, "POST", path, auth(key), b'{"model":"fake-model"}')
+            assert status == 403, (path, key, status, body)
+            assert b"route_scope_required" in body
     assert stack.forwarded() == 0
 
 

@@ -28,6 +28,25 @@ class RequestClass(StrEnum):
 
 ALL_CLASSES: tuple[RequestClass, ...] = tuple(RequestClass)
 
+
+class RouteScope(StrEnum):
+    """The route families a key may use (`keys[].routes`); README, HTTP surface, lists which
+    paths each one opens."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    RERANK = "rerank"
+    SCORE = "score"
+    TOKENIZE = "tokenize"
+    AUDIO = "audio"
+
+
+# What a key without `routes:` may use: the routes every key could use before route scopes
+# existed, so existing profiles keep their meaning and no key gains a route unasked.
+DEFAULT_ROUTES: tuple[RouteScope, ...] = (RouteScope.CHAT, RouteScope.COMPLETIONS, RouteScope.EMBEDDINGS)
+
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
@@ -240,6 +259,8 @@ class KeyConfig(Strict):
     max_concurrency: int | None = Field(None, ge=1)
     request_fields: FieldRules | None = None
     cache_group: Name | None = None
+    # Route families the key may use; unset: DEFAULT_ROUTES.
+    routes: tuple[RouteScope, ...] | None = Field(None, min_length=1)
 
 
 class SlowClientConfig(Strict):
@@ -316,6 +337,16 @@ class StateConfig(Strict):
         return self.redis_url is not None or self.redis_url_env is not None
 
 
+class ResponseIdsConfig(Strict):
+    """The memory of which backend holds each Responses-API response the router relayed (vLLM
+    keeps stored responses in the memory of the server that made them): at most `max_entries`
+    ids in each router process, each for `ttl_s` after its response started. With `state:` the
+    ids are also written to Redis (with the same TTL), so every replica finds them."""
+
+    ttl_s: float = Field(86400.0, gt=0, le=30 * 86400)
+    max_entries: int = Field(65536, ge=16, le=10_000_000)
+
+
 class ProfileConfig(Strict):
     profile: str = "custom"
     description: str = ""
@@ -337,6 +368,7 @@ class ProfileConfig(Strict):
     slow_clients: SlowClientConfig = SlowClientConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     state: StateConfig = StateConfig()
+    response_ids: ResponseIdsConfig = ResponseIdsConfig()
     # How many identical router replicas run this profile behind one load balancer. Without
     # `state:` each enforces `limit // replicas` of every lane and prefill limit (and splits that
     # among its workers) instead of the whole limit; with it, that is its share while Redis is

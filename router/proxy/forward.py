@@ -63,6 +63,9 @@ class Exchange:
     prompt_tokens: int = 0
     client: tuple[str, bytes | None, str | None] = ("", None, None)  # key, X-Client-Id, address
     usage_tail: bytearray | None = None  # the response's last bytes, kept when usage is wanted
+    method: bytes = b"POST"
+    content_type: bytes = b"application/json"
+    on_chunk: Callable[[bytes], None] | None = None  # sees each upstream chunk (response ids)
     response_started: bool = False
     first_byte_at: float | None = None
     status: int = 0
@@ -70,7 +73,7 @@ class Exchange:
 
 def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple[bytes, bytes]]:
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", ex.content_type),
         (b"accept", ex.accept or b"*/*"),
         (b"x-request-id", ex.request_id),
     ]
@@ -133,7 +136,7 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
         if not ex.stream:
             _hold_blind_prefill(ex, gate)
         try:
-            response = await backend.upstream.request(b"POST", ex.target, headers, ex.body)
+            response = await backend.upstream.request(ex.method, ex.target, headers, ex.body)
         except UpstreamError as err:
             gate.retry_elsewhere(ticket)
             metrics.upstream_errors.labels(pool.name, backend.name, err.code).inc()
@@ -209,7 +212,7 @@ class _ChunkLog:
     ends the request's prefill at the gate, later ones time a stream's token gaps, and the tail
     keeps the usage report."""
 
-    __slots__ = ("_gate", "_observe_gap", "_tail", "_ticket", "ex", "is_sse", "last")
+    __slots__ = ("_gate", "_observe_gap", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last")
 
     def __init__(self, ex: Exchange, is_sse: bool) -> None:
         self.ex = ex
@@ -219,6 +222,7 @@ class _ChunkLog:
         self._ticket = ex.ticket
         self._observe_gap = ex.observe_gap
         self._tail = ex.usage_tail
+        self._on_chunk = ex.on_chunk
 
     def record(self, chunk: bytes) -> float:
         """Record `chunk`'s arrival; return the time it was seen."""
@@ -232,6 +236,8 @@ class _ChunkLog:
         self.last = now
         if self._tail is not None:
             _keep_tail(self._tail, chunk)
+        if self._on_chunk is not None:
+            self._on_chunk(chunk)
         return now
 
     def backend_done(self) -> None:

@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 
 from router.admission import outside_lane_shape
+from router.apiroutes import ApiRoute
 from router.asgi import Message, Receive, Send
+from router.audiofacts import audio_upstream_body, parse_audio_facts
 from router.auth import ApiKey
 from router.balance import Affinity, AffinityRequest, routes_on_affinity
 from router.balance import affinity_for as balance_affinity
 from router.classify import Classification, Signals, classify, parse_class_header
 from router.errors import BadRequest, NotFound, PayloadTooLarge, RouterError, Unavailable
-from router.facts import Endpoint, RequestFacts, parse_facts
+from router.facts import RequestFacts, parse_facts
 from router.metrics import RouteMetrics
+from router.multipart import Form
 from router.poolgate import Ticket
+from router.proxy import conversation
 from router.proxy.forward import Exchange, forward
 from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
 from router.requestfields import check_fields
@@ -47,6 +52,7 @@ class Headers:
         "authorization",
         "client_id",
         "content_length",
+        "content_type",
         "request_class",
         "request_id",
         "session_id",
@@ -55,6 +61,7 @@ class Headers:
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
         self.content_length: bytes | None = None
+        self.content_type: bytes | None = None
         self.request_id: bytes | None = None
         self.request_class: bytes | None = None
         self.accept: bytes | None = None
@@ -71,6 +78,8 @@ class Headers:
                 self.authorization = value
             elif n == b"content-length":
                 self.content_length = value
+            elif n == b"content-type":
+                self.content_type = value
             elif n == b"x-request-id":
                 self.request_id = value
             elif n == b"x-request-class":
@@ -160,26 +169,34 @@ def _client_address(scope: Message) -> str | None:
     return str(client[0]) if client else None
 
 
-async def handle(
-    runtime: Runtime, endpoint: Endpoint, target: bytes, scope: Message, receive: Receive, send: Send
-) -> None:
+async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Receive, send: Send) -> None:
     headers = Headers(scope["headers"])
     rid = request_id(headers.request_id)
     started = time.monotonic()
     key = runtime.keys.authenticate(headers.authorization)
+    key.allow_route(api.scope)
     body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
-    facts = parse_facts(endpoint, body, runtime.counter)
-    check_fields(endpoint, facts.body, key.fields)
+    form: Form | None = None
+    if api.multipart:
+        facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
+    else:
+        facts = parse_facts(api.endpoint, body, runtime.counter)
+    check_fields(api.endpoint, facts.body, key.fields)
     check_key_output(facts, key.fields.max_tokens)
     key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
+    stored = await conversation.previous(runtime, key, facts)
+    if stored is not None:
+        facts = replace(facts, prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
     address = _client_address(scope)
     slow = await seen_slow(runtime, facts, headers, key, address)
     decision = route(runtime, facts, headers, key, slow)
+    lane = runtime.lanes[decision.cls]
+    if stored is not None:
+        decision, lane = conversation.follow_lane(decision, lane, stored)
     key.allow_class(decision.cls)
     runtime.metrics.classified_child(decision.cls.value, decision.reason.value).inc()
-    lane = runtime.lanes[decision.cls]
     if facts.model not in lane.pool.config.models:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
@@ -192,7 +209,8 @@ async def handle(
     bound = output_bound(
         facts, OutputCaps(lane.config.max_output_tokens, key.fields.max_tokens, pool_cfg.vllm.max_model_len)
     )
-    priority = lane.config.priority if pool_cfg.vllm.scheduling_policy == "priority" else None
+    by_priority = pool_cfg.vllm.scheduling_policy == "priority" and api.engine_fields
+    priority = lane.config.priority if by_priority else None
     extra = [(b"x-request-id", rid)]
     if runtime.config.debug_headers:
         extra += [
@@ -208,11 +226,16 @@ async def handle(
         lane=lane,
         long=facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
         affinity=affinity_for(lane, facts, runtime, headers.session_id),
+        pin=stored.backend if stored is not None else None,
     )
+    if form is not None:
+        upstream = audio_upstream_body(body, form, facts, bound)
+    else:
+        upstream = upstream_body(facts, bound, priority, key.cache_salt if api.engine_fields else None)
     ex = Exchange(
         lane=lane,
-        target=target,
-        body=upstream_body(facts, bound, priority, key.cache_salt),
+        target=api.target,
+        body=upstream,
         request_id=upstream_request_id(key, rid),
         accept=headers.accept,
         ticket=ticket,
@@ -223,10 +246,25 @@ async def handle(
         prompt_tokens=facts.prompt_tokens,
         client=(key.name, headers.client_id, address),
     )
+    if form is not None and headers.content_type is not None:
+        ex.content_type = headers.content_type
+    if api.endpoint == "responses":
+        ex.on_chunk = conversation.capture(
+            runtime, key, lane, facts.prompt_tokens + (bound or 0), lambda: ticket.backend, lambda: ex.status
+        )
+    await relay(
+        runtime, ex, rm, key, estimate_tokens(facts.prompt_tokens, bound, facts.sequences), receive, send
+    )
+
+
+async def relay(
+    runtime: Runtime, ex: Exchange, rm: RouteMetrics, key: ApiKey, cost: int, receive: Receive, send: Send
+) -> None:
+    """Run the exchange under the key's rate limits (if it has any), watching for the client
+    going away."""
     if key.rpm is None and key.tpm is None and key.max_concurrency is None:
         await _run_watched(runtime, ex, rm, receive, send)
         return
-    cost = estimate_tokens(facts.prompt_tokens, bound, facts.sequences)
     await _run_limited(runtime, ex, rm, key, cost, receive, send)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from router.admission import PrefillLimits, choose_backend
 from router.balance import corrected_load
-from router.poolgate import PoolGate, Ticket, _Waiter, charge
+from router.poolgate import PoolGate, Ticket, _Waiter, charge, routable_for
 from router.slots.arithmetic import LANE_FULL, NO_ROOM, SlotCounts, TakeRule
 from router.slots.budget import Share
 from router.slots.store import Change, SlotStore, TakeAnswer, limit_arg
@@ -127,7 +127,7 @@ class SharedPoolGate(PoolGate):
         return TakeRule(not ticket.holds_lane, lane.config.max_in_flight, ticket.long, self.whole)
 
     def _order(self, ticket: Ticket) -> list[Backend]:
-        seen = [self._view(b) for b in self._routable(ticket.tried)]
+        seen = [self._view(b) for b in routable_for(self._routable, ticket)]
         if not seen:
             return []
         lane = ticket.lane

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
+from router.apiroutes import PROXIED
 from router.asgi import Message
 from router.auth import hash_key
 from router.config.load import parse_profile
@@ -125,7 +126,7 @@ async def run(n: int, stream: bool) -> None:
 
     for _ in range(n):
         scope: Message = {"type": "http", "headers": headers, "client": ("127.0.0.1", 5555)}
-        await handle(rt, "chat", b"/v1/chat/completions", scope, receive, send)
+        await handle(rt, PROXIED[b"/v1/chat/completions"], scope, receive, send)
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,8 @@
 """The security boundary against the real hole: every route a vLLM server answers without its
 key answers directly, and is 404 through the router — with no key, a user key or an admin key —
-and the server's own access log shows the router never passed it on."""
+or, for the routes the router serves to keys with their scope (`/tokenize`, `/detokenize`), 401
+without a key and 403 for keys without the scope; the server's own access log shows the router
+never passed it on."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tests.profiles import auth
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 CREDENTIALS = [{}, auth("user"), auth("ops")]
+SCOPED = frozenset({"/tokenize", "/detokenize"})
 VLLM_ONLY = [
     pytest.param(method, path, body, id=f"{method} {path}")
     for method, path, body in OPEN_ROUTES
@@ -52,8 +55,11 @@ async def test_open_vllm_route_is_unreachable_through_the_router(
     async with quiet_router.http() as client:
         for headers in CREDENTIALS:
             resp = await client.request(method, path, json=body, headers=headers)
-            assert resp.status_code == 404, resp.text[:300]
-            assert resp.json()["error"]["code"] == "unknown_route"
+            if path not in SCOPED:
+                assert resp.status_code == 404, resp.text[:300]
+                assert resp.json()["error"]["code"] == "unknown_route"
+            else:
+                assert resp.status_code == (403 if headers else 401), resp.text[:300]
     for log, mark in zip(logs, marks, strict=True):
         assert [line for line in await log.since(mark) if line[1] == path] == []
 

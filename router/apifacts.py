@@ -1,0 +1,151 @@
+"""Prompts of the JSON routes beyond chat, completions and embeddings, read for `RequestFacts`
+(router.facts): the text prefix fingerprints hash, the prompt tokens as an upper bound, the
+number of outputs, and whether the conversation carries tool calls. Pure.
+
+A Responses-API request is read like a chat: `instructions` as a system message, `input` as a
+string or a list of items, each message item as a message (text parts counted, media at their
+placeholder cost), any other item (function calls and their outputs, reasoning) at the byte count
+of its JSON, which bounds the text the template renders from it. What a `previous_response_id`
+adds is not in the body: the caller adds the stored conversation's bound (router.responseids).
+Rerank and score count every text and document (each query–document pair is one prompt to vLLM,
+bounded by the texts together); tokenize counts its prompt or messages; detokenize its ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from router.errors import BadRequest
+from router.tokens import Media, PromptCounter
+
+Prompt = tuple[str, int, int, bool]  # text, prompt tokens, outputs, tool items
+
+_TEXT = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+_IMAGE = frozenset({"input_image", "image_url"})
+_AUDIO = frozenset({"input_audio", "audio_url"})
+_VIDEO = frozenset({"video_url"})
+_TOOL_ITEMS = frozenset(
+    {"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
+)
+
+
+def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
+    if data.get("background") not in (None, False):
+        raise BadRequest(
+            "'background' responses are not served through this router: they run on after the "
+            "request ends, outside the lane and key limits",
+            code="background_not_supported",
+        )
+    tokens = counter.request()
+    texts: list[str] = []
+    instructions = data.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("'instructions' must be a string", code="invalid_instructions")
+        tokens += counter.message("system", instructions, "", Media())
+        texts.append(instructions)
+    value = data.get("input")
+    tools = False
+    if isinstance(value, str):
+        tokens += counter.message("user", value, "", Media())
+        texts.append(value)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            item_tokens, text, tool = _item(item, i, counter)
+            tokens += item_tokens
+            texts.append(text)
+            tools = tools or tool
+    else:
+        raise BadRequest("'input' must be a string or an array of items", code="invalid_input")
+    history = data.get("previous_input_messages")
+    if history is not None:
+        tokens += counter.text(orjson.dumps(history).decode())
+    return "\n".join(texts), tokens, 1, tools
+
+
+def _item(item: Any, i: int, counter: PromptCounter) -> tuple[int, str, bool]:
+    if not isinstance(item, dict):
+        raise BadRequest(f"input[{i}] must be an object", code="invalid_input")
+    kind = item.get("type", "message")
+    if kind == "message" and "role" in item:
+        role = item["role"]
+        if not isinstance(role, str):
+            raise BadRequest(f"input[{i}].role must be a string", code="invalid_input")
+        text, other, media = _content(item.get("content"), i)
+        return counter.message(role, text, other, media), text, False
+    serialized = orjson.dumps(item).decode()
+    return counter.message("tool", "", serialized, Media()), serialized, kind in _TOOL_ITEMS
+
+
+def _content(content: Any, i: int) -> tuple[str, str, Media]:
+    if content is None or isinstance(content, str):
+        return content or "", "", Media()
+    if not isinstance(content, list):
+        raise BadRequest(f"input[{i}].content must be a string or an array", code="invalid_input")
+    texts: list[str] = []
+    other: list[str] = []
+    images = audio = video = 0
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise BadRequest(f"input[{i}].content[{j}] must be an object", code="invalid_input")
+        kind = part.get("type")
+        if kind in _TEXT and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in _IMAGE:
+            images += 1
+        elif kind in _AUDIO:
+            audio += 1
+        elif kind in _VIDEO:
+            video += 1
+        else:
+            other.append(orjson.dumps(part).decode())
+    return "\n".join(texts), "".join(other), Media(images, audio, video)
+
+
+def pairs_prompt(data: dict[str, Any], counter: PromptCounter, sides: tuple[str, ...]) -> Prompt:
+    """Rerank and score: every text of every side the body has, each at the request cost."""
+    texts: list[str] = []
+    tokens = 0
+    found = 0
+    for name in sides:
+        value = data.get(name)
+        if value is None:
+            continue
+        found += 1
+        for text in _texts(value, name):
+            texts.append(text)
+            tokens += counter.request() + counter.text(text)
+    if found < 2:
+        raise BadRequest(f"the request needs two of: {', '.join(sides)}", code="invalid_input")
+    return "\n".join(texts), tokens, 1, False
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """The texts of a score input: a string, a list of them, or multimodal objects (whose JSON
+    bytes bound their text; their media are not estimated)."""
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict | list):
+            out.append(orjson.dumps(item).decode())
+        else:
+            raise BadRequest(
+                f"'{name}' must be text, an array of texts or content objects", code="invalid_input"
+            )
+    return out
+
+
+RERANK_SIDES = ("query", "documents")
+SCORE_SIDES = ("queries", "documents", "items", "data_1", "data_2", "text_1", "text_2")
+
+
+def detokenize_prompt(data: dict[str, Any]) -> Prompt:
+    tokens = data.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise BadRequest("'tokens' must be an array of token ids", code="invalid_tokens")
+    return "", len(tokens), 1, False

@@ -1,0 +1,81 @@
+"""Facts of the audio routes (`/v1/audio/transcriptions`, `/v1/audio/translations`), read from
+their multipart/form-data body (router.multipart). Pure.
+
+The model, the stream flag, `n` and the output bound are form fields; the body's text fields
+are checked against the route's allowlist and the key's bounds like a JSON body's. The upload
+is forwarded byte for byte: the router only appends the output bound it decided when the client
+stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests honour). The
+prompt estimate is the `prompt` field plus one audio clip's placeholder cost (`prompt_costs.audio`):
+vLLM splits long recordings into clips and runs each as its own request, which no estimate from
+the encoded upload can bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.errors import BadRequest
+from router.facts import RequestFacts, prefix_chain
+from router.multipart import Form, boundary_of, parse_form, with_field
+from router.requestfields import Endpoint
+from router.tokens import Media, PromptCounter
+
+_TRUE = frozenset({"true", "1"})
+_FALSE = frozenset({"false", "0", ""})
+_INTEGERS = ("n", "max_completion_tokens")
+
+
+def parse_audio_facts(
+    endpoint: Endpoint, body: bytes, content_type: bytes | None, counter: PromptCounter
+) -> tuple[RequestFacts, Form]:
+    form = parse_form(body, boundary_of(content_type))
+    if len(form.files) != 1 or form.files[0].name != "file":
+        raise BadRequest("the form must carry exactly one upload, named 'file'", code="invalid_file")
+    data: dict[str, Any] = dict(form.fields)
+    data["file"] = form.files[0].filename
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
+    for name in _INTEGERS:
+        if name in data:
+            data[name] = _positive(name, data[name])
+    stream = _flag("stream", data.get("stream"))
+    prompt = data.get("prompt")
+    text = prompt if isinstance(prompt, str) else ""
+    facts = RequestFacts(
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        max_tokens=data.get("max_completion_tokens"),
+        sequences=data.get("n", 1),
+        has_tools=False,
+        roles=(),
+        prompt_tokens=counter.request() + counter.message("user", text, "", Media(audio=1)),
+        prefix_chain=prefix_chain(""),
+        user=None,
+        include_usage=_flag("stream_include_usage", data.get("stream_include_usage")),
+        body=data,
+    )
+    return facts, form
+
+
+def audio_upstream_body(body: bytes, form: Form, facts: RequestFacts, bound: int | None) -> bytes:
+    """The body as sent, with the router's output bound appended when the client stated none."""
+    if bound is None or facts.max_tokens is not None:
+        return body
+    return with_field(body, form.boundary, "max_completion_tokens", str(bound))
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, str) and value.isdigit() and len(value) <= 9 and int(value) >= 1:
+        return int(value)
+    raise BadRequest(f"'{name}' must be a positive integer", code=f"invalid_{name}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, str) and value.lower() in _TRUE:
+        return True
+    if isinstance(value, str) and value.lower() in _FALSE:
+        return False
+    raise BadRequest(f"'{name}' must be true or false", code=f"invalid_{name}")

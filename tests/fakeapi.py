@@ -1,0 +1,214 @@
+"""The fake backend's answers on vLLM's other client routes, shaped as vLLM 0.32 shapes them:
+the Responses API with responses stored in this server's memory (a `previous_response_id` it
+does not hold is vLLM's 404), retrieve and cancel, rerank, score, tokenize, detokenize, and
+the audio routes (their multipart body read with the standard library's MIME parser).
+
+Each answer names the server (`tag`) and, for responses, how many turns the conversation had,
+so a test sees which server held a conversation from the answers alone."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+import orjson
+
+from router.asgi import Receive, Scope, Send
+
+ROUTES = frozenset(
+    {"/v1/responses", "/rerank", "/score", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
+     "/v1/audio/translations"}
+)  # fmt: skip
+
+
+@dataclass
+class Upload:
+    """What an audio request carried: its form fields and the sha256 of its file."""
+
+    fields: dict[str, str]
+    file_sha256: str
+    file_size: int
+
+
+@dataclass
+class FakeApi:
+    tag: str = "fake"
+    itl_s: float = 0.0
+    stored: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # id → (turns, response)
+    uploads: list[Upload] = field(default_factory=list)
+    sent: list[bytes] = field(default_factory=list)  # every body chunk of the last streamed answer
+    _next: int = 0
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        return path in ROUTES or path.startswith("/v1/responses/")
+
+    async def answer(self, scope: Scope, body: bytes, watcher: asyncio.Future[None], send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path.startswith("/v1/responses/"):
+            await self._stored(path, method, send)
+        elif path == "/v1/responses":
+            await self._responses(orjson.loads(body), watcher, send)
+        elif path.startswith("/v1/audio/"):
+            await self._audio(scope, body, send)
+        else:
+            await respond(send, 200, orjson.dumps(_pooling(path, orjson.loads(body))))
+
+    async def _responses(self, request: dict[str, Any], watcher: asyncio.Future[None], send: Send) -> None:
+        turns = 1
+        previous = request.get("previous_response_id")
+        if previous is not None:
+            if previous not in self.stored:
+                await respond(send, 404, _not_found(previous))
+                return
+            turns = self.stored[previous][0] + 1
+        self._next += 1
+        rid = f"resp_{self.tag}{self._next:06x}"
+        text = f"turn {turns} on {self.tag}"
+        response = _response(rid, request, text, previous)
+        self.stored[rid] = (turns, response)
+        if not request.get("stream"):
+            await respond(send, 200, orjson.dumps(response))
+            return
+        await self._stream(response, text, watcher, send)
+
+    async def _stream(
+        self, response: dict[str, Any], text: str, watcher: asyncio.Future[None], send: Send
+    ) -> None:
+        self.sent = []
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        created = {**response, "status": "in_progress", "output": []}
+        events = [("response.created", {"response": created})]
+        events += [("response.output_text.delta", {"delta": word + " "}) for word in text.split()]
+        events.append(("response.completed", {"response": response}))
+        for seq, (kind, data) in enumerate(events):
+            if seq and self.itl_s:
+                done, _ = await asyncio.wait([watcher], timeout=self.itl_s)
+                if done:
+                    raise asyncio.CancelledError
+            chunk = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
+                {"type": kind, "sequence_number": seq, **data}
+            ) + b"\n\n"  # fmt: skip
+            self.sent.append(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stored(self, path: str, method: str, send: Send) -> None:
+        rid = path.removeprefix("/v1/responses/").removesuffix("/cancel")
+        found = self.stored.get(rid)
+        if found is None:
+            await respond(send, 404, _not_found(rid))
+        elif method == "POST":
+            await respond(send, 200, orjson.dumps({**found[1], "status": "cancelled"}))
+        else:
+            await respond(send, 200, orjson.dumps(found[1]))
+
+    async def _audio(self, scope: Scope, body: bytes, send: Send) -> None:
+        content_type = dict(scope["headers"]).get(b"content-type", b"")
+        message = BytesParser(policy=HTTP).parsebytes(b"content-type: " + content_type + b"\r\n\r\n" + body)
+        fields: dict[str, str] = {}
+        data = b""
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            payload = part.get_payload(decode=True)
+            assert isinstance(name, str) and isinstance(payload, bytes)
+            if part.get_filename() is not None:
+                data = payload
+            else:
+                fields[name] = payload.decode()
+        self.uploads.append(Upload(fields, hashlib.sha256(data).hexdigest(), len(data)))
+        answer = {
+            "text": f"heard {len(data)} bytes on {self.tag}",
+            "usage": {"type": "duration", "seconds": 1},
+        }
+        await respond(send, 200, orjson.dumps(answer))
+
+
+def _response(rid: str, request: dict[str, Any], text: str, previous: str | None) -> dict[str, Any]:
+    words = len(text.split())
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": request.get("model"),
+        "status": "completed",
+        "previous_response_id": previous,
+        "max_output_tokens": request.get("max_output_tokens"),
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_" + rid[5:],
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 4,
+            "output_tokens": words,
+            "total_tokens": 4 + words,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def _not_found(rid: str) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": f"Response with id '{rid}' not found.", "type": "NotFoundError", "code": 404}}
+    )
+
+
+def _overlap(a: str, b: str) -> float:
+    left, right = set(a.lower().split()), set(b.lower().split())
+    return len(left & right) / max(1, len(left | right))
+
+
+def _pooling(path: str, request: dict[str, Any]) -> dict[str, Any]:
+    model = request.get("model")
+    if path == "/tokenize":
+        tokens = list(str(request.get("prompt", "")).encode())
+        return {"count": len(tokens), "max_model_len": 2048, "tokens": tokens}
+    if path == "/detokenize":
+        return {"prompt": bytes(request["tokens"]).decode("utf-8", "replace")}
+    if path == "/rerank":
+        docs = request["documents"]
+        scored = sorted(((i, _overlap(request["query"], d)) for i, d in enumerate(docs)), key=lambda x: -x[1])
+        results = [{"index": i, "document": {"text": docs[i]}, "relevance_score": s} for i, s in scored]
+        return {
+            "id": "rerank-fake",
+            "model": model,
+            "usage": {"prompt_tokens": 8, "total_tokens": 8},
+            "results": results,
+        }
+    queries = request.get("queries", request.get("text_1"))
+    items = request.get("documents", request.get("items", request.get("text_2")))
+    query = queries if isinstance(queries, str) else queries[0]
+    docs = items if isinstance(items, list) else [items]
+    data = [{"index": i, "object": "score", "score": _overlap(query, d)} for i, d in enumerate(docs)]
+    return {"id": "score-fake", "object": "list", "model": model, "data": data, "usage": {"prompt_tokens": 8}}
+
+
+async def respond(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,177 @@
+"""The Responses API through the router, against fake backends that keep stored responses in
+their own memory as vLLM does: conversations stay on the backend that holds them, ids are
+reachable only by the key that created them, streams arrive as sent, a client that goes away
+aborts the backend's request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from openai import AsyncOpenAI
+
+from tests.conftest import Stack
+from tests.fakebackend import Seen
+from tests.proxy.apistack import api_profile, api_stack, bearer, client, sdk, write_profile
+
+pytestmark = pytest.mark.timeout(60)
+MODEL = "fake-model"
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    async with api_stack(config_dir=tmp_path) as s:
+        yield s
+
+
+def _last(stack: Stack) -> Seen:
+    return max(stack.seen(), key=lambda s: s.started)
+
+
+def _text(response: object) -> str:
+    return str(response.output_text)
+
+
+async def test_a_three_turn_conversation_stays_on_the_backend_that_holds_it(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        await _three_turns(api)
+    assert sum(len(b.api.stored) for b in stack.backends) == 12
+
+
+async def _three_turns(api: AsyncOpenAI) -> None:
+    firsts = [await api.responses.create(model=MODEL, input=f"hello {i}") for i in range(4)]
+    # Fresh conversations are spread over both backends…
+    assert {_text(r).split(" on ")[1] for r in firsts} == {"b0", "b1"}
+    for first in firsts:
+        where = _text(first).split(" on ")[1]
+        second = await api.responses.create(model=MODEL, input="and then?", previous_response_id=first.id)
+        third = await api.responses.create(model=MODEL, input="and then?", previous_response_id=second.id)
+        # …and each continues where it began: the holder counted all three turns.
+        assert _text(second) == f"turn 2 on {where}"
+        assert _text(third) == f"turn 3 on {where}"
+
+
+async def test_the_router_writes_the_output_bound_into_max_output_tokens(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        resp = await http.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+        assert resp.status_code == 200
+        sent = orjson.loads(_last(stack).body)
+        assert sent["max_output_tokens"] == 2048  # the pool's context: no lane or key bound
+        assert "max_tokens" not in sent
+        resp = await http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 7})
+        assert orjson.loads(_last(stack).body)["max_output_tokens"] == 7
+
+
+async def test_streamed_events_arrive_as_sent_and_the_id_is_remembered(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        body = {"model": MODEL, "input": "stream it", "stream": True}
+        async with http.stream("POST", "/v1/responses", json=body) as resp:
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            received = b"".join([chunk async for chunk in resp.aiter_raw()])
+    (backend,) = [b for b in stack.backends if b.api.sent]
+    assert received == b"".join(backend.api.sent)
+    created = orjson.loads(received.split(b"\n")[1].removeprefix(b"data: "))
+    rid = created["response"]["id"]
+    async with sdk(stack.url) as api:
+        follow = await api.responses.create(model=MODEL, input="next", previous_response_id=rid)
+    assert _text(follow) == f"turn 2 on {backend.api.tag}"
+
+
+async def test_the_sdk_reads_a_streamed_response(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        stream = await api.responses.create(model=MODEL, input="hi", stream=True)
+        kinds = [event.type async for event in stream]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.output_text.delta") == 4  # "turn 1 on bN"
+
+
+async def test_retrieve_and_cancel_reach_the_holder_for_the_owner_only(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="keep me")
+    async with client(stack.url) as mine, client(stack.url, "reader") as other:
+        got = await mine.get(f"/v1/responses/{first.id}")
+        assert got.status_code == 200 and got.json()["id"] == first.id
+        streamed = await mine.get(f"/v1/responses/{first.id}?stream=false&starting_after=0")
+        assert streamed.status_code == 200
+        forwarded = stack.forwarded()
+        for response in (
+            await other.get(f"/v1/responses/{first.id}"),
+            await other.post(f"/v1/responses/{first.id}/cancel"),
+            await other.post(
+                "/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": first.id}
+            ),
+            await mine.get("/v1/responses/resp_unknown123"),
+            await mine.post(
+                "/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}
+            ),
+        ):
+            assert response.status_code == 404, response.text
+            error = response.json()["error"]
+            assert error["code"] == "response_not_found" and error["type"] == "not_found_error"
+        assert stack.forwarded() == forwarded  # the router answered every one of them itself
+        cancelled = await mine.post(f"/v1/responses/{first.id}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        bad = await mine.get(f"/v1/responses/{first.id}?include=everything")
+        assert bad.status_code == 400
+    assert _last(stack).path == f"/v1/responses/{first.id}/cancel"
+
+
+async def test_a_client_disconnect_aborts_the_backend_stream(stack: Stack) -> None:
+    for backend in stack.backends:
+        backend.api.itl_s = 1.0
+    async with client(stack.url) as http:
+        body = {"model": MODEL, "input": "slow", "stream": True}
+        async with http.stream("POST", "/v1/responses", json=body) as resp:
+            async for _ in resp.aiter_raw():
+                break  # the first event arrived; the client goes away mid-stream
+    await stack.wait_until(lambda: any(s.disconnected is not None for s in stack.seen()))
+    (seen,) = stack.seen()
+    assert seen.finished is None
+
+
+async def test_body_policy_applies_to_responses(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        for body, status, code in [
+            ({"input": "x", "background": True}, 400, "background_not_supported"),
+            ({"input": "x", "priority": -5}, 403, "field_not_allowed"),
+            ({"input": "x", "cache_salt": "mine"}, 403, "field_not_allowed"),
+            ({"input": "x", "prompt": {"id": "p"}}, 400, "unsupported_field"),
+            ({"input": 5}, 400, "invalid_input"),
+            ({"input": "x", "previous_response_id": "../../metrics"}, 400, "invalid_previous_response_id"),
+        ]:
+            resp = await http.post("/v1/responses", json={"model": MODEL, **body})
+            assert (resp.status_code, resp.json()["error"]["code"]) == (status, code), body
+    assert stack.forwarded() == 0
+
+
+async def test_tools_make_an_agent_request(stack: Stack) -> None:
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    async with client(stack.url) as http:
+        resp = await http.post("/v1/responses", json={"model": MODEL, "input": "x", "tools": tools})
+    assert resp.headers["x-lane-router-class"] == "agent"
+    assert resp.headers["x-lane-router-reason"] == "tools"
+
+
+async def test_an_id_whose_backend_left_the_pool_is_404(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="hi")
+    holder = next(b for b in stack.backends if first.id in b.api.stored)
+    keep = [u for b, u in zip(stack.backends, stack.backend_urls, strict=True) if b is not holder]
+    assert stack.config_path is not None
+    write_profile(stack.config_path, api_profile(keep))
+    assert (await stack.state.reload("test")).ok
+    async with client(stack.url) as http:
+        resp = await http.get(f"/v1/responses/{first.id}")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "response_not_found"
+
+
+async def test_a_key_without_the_responses_scope_is_refused(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=bearer("user")) as http:
+        resp = await http.post("/v1/responses", json={"model": MODEL, "input": "x"})
+        assert resp.status_code == 403 and resp.json()["error"]["code"] == "route_scope_required"
+        resp = await http.get("/v1/responses/resp_abc")
+        assert resp.status_code == 403
+    assert stack.forwarded() == 0
