@@ -1,0 +1,161 @@
+"""Rerank, score, tokenize, detokenize and the audio routes through the router, against fake
+backends that answer them as vLLM does: every alias goes to vLLM's canonical path, the body
+policy and key scopes hold, and multipart bodies are judged before anything is forwarded."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from tests.conftest import Stack
+from tests.fakebackend import Seen
+from tests.proxy.apistack import api_stack, bearer, client, sdk
+
+pytestmark = pytest.mark.timeout(60)
+MODEL = "fake-model"
+_FORM = "multipart/form-data; boundary=XyZ"
+AUDIO = b"RIFF" + bytes(range(256)) * 64 + b"\r\n--not-a-boundary\r\n" + b"\x00" * 100
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with api_stack(max_body_bytes=64 * 1024) as s:
+        yield s
+
+
+def _last(stack: Stack) -> Seen:
+    return max(stack.seen(), key=lambda s: s.started)
+
+
+async def test_rerank_and_its_aliases_reach_vllms_rerank(stack: Stack) -> None:
+    body = {"model": MODEL, "query": "red fox", "documents": ["a blue whale", "the red fox"]}
+    async with client(stack.url) as http:
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            resp = await http.post(path, json=body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["results"][0]["document"]["text"] == "the red fox"
+            assert _last(stack).path == "/rerank"
+
+
+async def test_score_and_its_alias_reach_vllms_score(stack: Stack) -> None:
+    body = {"model": MODEL, "queries": "red fox", "documents": ["red fox", "blue whale"]}
+    async with client(stack.url) as http:
+        for path in ("/score", "/v1/score"):
+            resp = await http.post(path, json=body)
+            assert resp.status_code == 200, resp.text
+            assert [d["score"] for d in resp.json()["data"]] == [1.0, 0.0]
+            assert _last(stack).path == "/score"
+        resp = await http.post("/score", json={"model": MODEL, "queries": "only one side"})
+        assert resp.status_code == 400
+
+
+async def test_tokenize_and_detokenize_round_trip(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        tokens = (await http.post("/tokenize", json={"model": MODEL, "prompt": "hello"})).json()["tokens"]
+        text = (await http.post("/detokenize", json={"model": MODEL, "tokens": tokens})).json()["prompt"]
+    assert text == "hello"
+
+
+async def test_engine_fields_stay_the_routers(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        for path, body in [
+            ("/rerank", {"query": "q", "documents": ["d"], "priority": -9}),
+            ("/score", {"queries": "q", "documents": ["d"], "cache_salt": "x"}),
+            ("/tokenize", {"prompt": "p", "chat_template": "{{ secrets }}"}),
+        ]:
+            resp = await http.post(path, json={"model": MODEL, **body})
+            assert (resp.status_code, resp.json()["error"]["code"]) == (403, "field_not_allowed")
+    assert stack.forwarded() == 0
+
+
+async def test_keys_reach_only_their_route_families(stack: Stack) -> None:
+    async with client(stack.url, "reader") as reader:
+        resp = await reader.post("/tokenize", json={"model": MODEL, "prompt": "p"})
+        assert (resp.status_code, resp.json()["error"]["code"]) == (403, "route_scope_required")
+        resp = await reader.post("/v1/chat/completions", json={"model": MODEL, "messages": []})
+        assert resp.status_code == 403
+    async with client(stack.url, "user") as user:  # no routes: the routes every key had before
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert (await user.post("/v1/chat/completions", json=chat)).status_code == 200
+        assert (await user.post("/rerank", json={"model": MODEL})).status_code == 403
+    assert stack.forwarded() == 1
+
+
+async def test_a_transcription_is_forwarded_with_its_file_unchanged(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        result = await api.audio.transcriptions.create(
+            model=MODEL, file=("clip.wav", io.BytesIO(AUDIO), "audio/wav"), language="en"
+        )
+    assert result.text.startswith(f"heard {len(AUDIO)} bytes")
+    (upload,) = [u for b in stack.backends for u in b.api.uploads]
+    assert upload.file_sha256 == hashlib.sha256(AUDIO).hexdigest()
+    assert upload.fields["model"] == MODEL and upload.fields["language"] == "en"
+    # No bound stated: the router's (the pool's context) is appended as vLLM's field.
+    assert upload.fields["max_completion_tokens"] == "2048"
+    assert _last(stack).path == "/v1/audio/transcriptions"
+
+
+async def test_a_translation_keeps_the_clients_bound(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        files = {"file": ("clip.wav", AUDIO, "audio/wav")}
+        data = {"model": MODEL, "max_completion_tokens": "9"}
+        resp = await http.post("/v1/audio/translations", files=files, data=data)
+    assert resp.status_code == 200, resp.text
+    (upload,) = [u for b in stack.backends for u in b.api.uploads]
+    assert upload.fields["max_completion_tokens"] == "9"
+    assert upload.file_sha256 == hashlib.sha256(AUDIO).hexdigest()
+
+
+async def test_multipart_bodies_are_judged_before_anything_is_forwarded(stack: Stack) -> None:
+    path = "/v1/audio/transcriptions"
+    form = b'--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nfake-model\r\n'
+    upload = b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + AUDIO
+    good = form + upload + b"\r\n--XyZ--\r\n"
+    cases = [
+        (b"multipart/form-data", good, 400, "invalid_multipart"),
+        (b"multipart/form-data; boundary=Other", good, 400, "invalid_multipart"),
+        (b"multipart/form-data; boundary=XyZ", good[:-9], 400, "invalid_multipart"),
+        (b"multipart/form-data; boundary=XyZ", form + b"--XyZ--\r\n", 400, "invalid_file"),
+        (
+            b"multipart/form-data; boundary=XyZ",
+            form + form + upload + b"\r\n--XyZ--\r\n",
+            400,
+            "invalid_multipart",
+        ),
+        (b"application/json", orjson.dumps({"model": MODEL}), 400, "invalid_content_type"),
+    ]
+    async with client(stack.url) as http:
+        resp = await http.post(path, content=good + b"\x00" * 70_000, headers={"content-type": _FORM})
+        assert (resp.status_code, resp.json()["error"]["code"]) == (413, "payload_too_large")
+    async with client(stack.url) as http:
+        for content_type, body, status, code in cases:
+            resp = await http.post(path, content=body, headers={"content-type": content_type.decode()})
+            assert (resp.status_code, resp.json()["error"]["code"]) == (status, code), (content_type, code)
+        resp = await http.post(path, content=good, headers={"content-type": _FORM})
+        assert resp.status_code == 200, resp.text
+    assert stack.forwarded() == 1
+
+
+async def test_audio_fields_follow_the_body_policy(stack: Stack) -> None:
+    files = {"file": ("clip.wav", b"RIFF", "audio/wav")}
+    async with client(stack.url) as http:
+        for data, status, code in [
+            ({"model": MODEL, "vllm_xargs": "{}"}, 403, "field_not_allowed"),
+            ({"model": MODEL, "n": "99"}, 400, "field_limit_exceeded"),
+            ({"model": MODEL, "stream": "maybe"}, 400, "invalid_stream"),
+            ({"model": MODEL, "surprise": "1"}, 400, "unsupported_field"),
+        ]:
+            resp = await http.post("/v1/audio/transcriptions", files=files, data=data)
+            assert (resp.status_code, resp.json()["error"]["code"]) == (status, code), data
+    assert stack.forwarded() == 0
+
+
+async def test_no_key_no_route(stack: Stack) -> None:
+    async with client(stack.url, "user") as http:
+        http.headers.pop("authorization")
+        assert (await http.post("/tokenize", json={"model": MODEL, "prompt": "p"})).status_code == 401
+    assert bearer("api")["authorization"].startswith("Bearer ")
