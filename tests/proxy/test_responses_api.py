@@ -65,6 +65,19 @@ async def test_the_router_writes_the_output_bound_into_max_output_tokens(stack: 
         assert orjson.loads(_last(stack).body)["max_output_tokens"] == 7
 
 
+async def test_a_follow_up_counts_the_stored_conversation_in_its_prompt_bound(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        first = await http.post(
+            "/v1/responses", json={"model": MODEL, "input": "x" * 100, "max_output_tokens": 50}
+        )
+        alone = await http.post("/v1/responses", json={"model": MODEL, "input": "y" * 10})
+        body = {"model": MODEL, "input": "y" * 10, "previous_response_id": first.json()["id"]}
+        follow = await http.post("/v1/responses", json=body)
+    before = int(first.headers["x-lane-router-prompt-tokens"])
+    own = int(alone.headers["x-lane-router-prompt-tokens"])
+    assert int(follow.headers["x-lane-router-prompt-tokens"]) == before + 50 + own
+
+
 async def test_streamed_events_arrive_as_sent_and_the_id_is_remembered(stack: Stack) -> None:
     async with client(stack.url) as http:
         body = {"model": MODEL, "input": "stream it", "stream": True}

@@ -30,6 +30,8 @@ from tests.lab.realvllm.pools import POOL_KEYS, POOL_NAMES, SHARED_KEY, real_pro
 from tests.lab.realvllm.realrouter import RealRouter, real_router
 
 REQUIRE_ENV = "LANE_ROUTER_REQUIRE_VLLM"
+# vLLM stores Responses-API responses (for previous_response_id and retrieve) only when told to.
+SERVER_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 START_TIMEOUT_S = 240.0
 
 
@@ -83,7 +85,7 @@ def start_pools(install: VllmInstall, workdir: Path) -> dict[str, VllmServer]:
         servers[name] = VllmServer(
             venv=install.venv, model=install.model("tiny"), port=ports[name], api_key=POOL_KEYS[name],
             extra_api_keys=(SHARED_KEY,), workdir=workdir, cache=install.cache, args=rendered.args,
-            core=cores[i % len(cores)],
+            core=cores[i % len(cores)], environ={**os.environ, **SERVER_ENV},
         )  # fmt: skip
     return servers
 

@@ -1,0 +1,78 @@
+"""Facts of the Responses, rerank, score, tokenize and detokenize bodies: prompt bounds, output
+bounds and tool use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from router.errors import BadRequest
+from router.facts import parse_facts
+from router.rewrite import OutputCaps, output_bound, upstream_body
+from router.tokens import make_counter
+
+COUNTER = make_counter("utf8-bytes")
+
+
+def _facts(endpoint: Any, body: dict[str, Any]) -> Any:
+    return parse_facts(endpoint, orjson.dumps({"model": "m", **body}), COUNTER)
+
+
+def test_a_responses_prompt_bounds_every_text_it_carries() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "weather"}'}
+    items = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "x" * 300},
+                {"type": "input_image", "image_url": "data:…"},
+            ],
+        },
+        call,
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny" * 20},
+    ]
+    facts = _facts("responses", {"instructions": "be brief" * 10, "input": items, "max_output_tokens": 9})
+    texts = 300 + 80 + len(orjson.dumps(call)) + 100
+    assert facts.prompt_tokens >= texts + COUNTER.costs.image
+    assert facts.has_tools and facts.max_tokens == 9 and facts.sequences == 1
+
+
+def test_a_responses_bound_is_written_where_vllm_reads_it() -> None:
+    facts = _facts("responses", {"input": "hi"})
+    bound = output_bound(facts, OutputCaps(lane=100, key=None, context=2048))
+    assert bound == 100
+    assert orjson.loads(upstream_body(facts, bound, None, None))["max_output_tokens"] == 100
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("rerank", {"query": "q" * 10, "documents": ["d" * 20, "e" * 30]}),
+        ("score", {"queries": ["q" * 10], "documents": "d" * 50}),
+        ("tokenize", {"prompt": "p" * 60}),
+        ("tokenize", {"messages": [{"role": "user", "content": "p" * 60}]}),
+        ("detokenize", {"tokens": list(range(60))}),
+    ],
+)
+def test_routes_without_output_have_no_bound_and_a_prompt_bound(endpoint: Any, body: dict[str, Any]) -> None:
+    facts = _facts(endpoint, body)
+    assert facts.prompt_tokens >= 60
+    assert output_bound(facts, OutputCaps(lane=10, key=5, context=2048)) is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("responses", {"input": {"role": "user"}}),
+        ("responses", {"input": ["not an item"]}),
+        ("responses", {"input": "x", "background": True}),
+        ("responses", {"input": "x", "max_output_tokens": 0}),
+        ("rerank", {"query": "q"}),
+        ("detokenize", {"tokens": ["a"]}),
+    ],
+)
+def test_malformed_bodies_are_refused(endpoint: Any, body: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest):
+        _facts(endpoint, body)
