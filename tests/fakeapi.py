@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from router.asgi import Receive, Scope, Send
+from router.asgi import Scope, Send
 
 ROUTES = frozenset(
     {"/v1/responses", "/rerank", "/score", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
@@ -207,8 +207,3 @@ async def respond(send: Send, status: int, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-async def until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

@@ -105,8 +105,14 @@ class IdCapture:
             self._head = None
 
 
-def capture(runtime: Runtime, key: ApiKey, lane: Lane, tokens: int, backend: Callable[[], Backend | None],
-            status: Callable[[], int]) -> IdCapture:  # fmt: skip
+def capture(
+    runtime: Runtime,
+    key: ApiKey,
+    lane: Lane,
+    tokens: int,
+    backend: Callable[[], Backend | None],
+    status: Callable[[], int],
+) -> IdCapture:
     """A capture that remembers the id of a successful response under this key, on the backend
     that answered, with `tokens` as the conversation's bound."""
 
