@@ -186,7 +186,7 @@ async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Recei
     key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
-    stored = await conversation.previous(runtime, key, facts)
+    stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = replace(facts, prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
     address = _client_address(scope)
