@@ -1,0 +1,130 @@
+"""python -m router.lab.bench.peers — see the package docstring; `scripts/bench-peers.sh` installs
+the peers and runs this."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from router.auth import new_key
+from router.lab.bench.peers import harness, report
+from router.lab.bench.peers.scenarios import SCENARIOS
+from router.lab.bench.peers.targets import KINDS, LABELS, Target, Tools, lane_router_targets
+
+HERE = Path(__file__).resolve().parents[4]  # the source tree this module runs from
+VLLM_ROUTER = Path.home() / ".cache/lane-router/peers/vllm-router-0.1.17/bin/vllm-router"
+DURATION_S = {"nonstream": 8.0, "stream": 8.0, "paced": 10.0}
+WARMUP_S = 1.0
+
+
+def _names(text: str, known: Sequence[str]) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(known)} (got {text!r})")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m router.lab.bench.peers", description=__doc__)
+    p.add_argument("--targets", type=lambda t: _names(t, KINDS), default=list(KINDS), help=",".join(KINDS))
+    p.add_argument(
+        "--scenarios",
+        type=lambda t: _names(t, list(SCENARIOS)),
+        default=list(SCENARIOS),
+        help=",".join(SCENARIOS),
+    )
+    p.add_argument(
+        "--lane-router-src",
+        type=Path,
+        action="append",
+        default=[],
+        help="the lane-router source tree to run (repeat to compare trees; default: this one)",
+    )
+    p.add_argument(
+        "--scale", type=float, default=1.0, help="times the default 8/8/10 s loads and 1 s warm-ups"
+    )
+    p.add_argument("--max-requests", type=int, default=1_000_000, help="per load, at most")
+    p.add_argument("--vllm-router", default=str(VLLM_ROUTER), help="the vllm-router executable")
+    p.add_argument("--nginx", default="nginx", help="the nginx executable")
+    p.add_argument("--wrk", default="wrk", help="the non-streamed scenario's client ('' = the own loadgen)")
+    p.add_argument("--proxy-cpu", type=int, default=1)
+    p.add_argument("--load-cpu", type=int, default=0)
+    p.add_argument("--no-pin", action="store_true", help="run nothing under taskset")
+    p.add_argument("--run-dir", type=Path, help="keep configs and logs here (default: a temporary directory)")
+    p.add_argument("--command", help="the command to print in the header (default: this one)")
+    return p
+
+
+def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
+    kinds: list[str] = args.targets
+    chosen: list[Target] = [Target("direct", LABELS["direct"])] if "direct" in kinds else []
+    for kind in KINDS:
+        if kind == "lane-router" and kind in kinds:
+            chosen += lane_router_targets(args.lane_router_src, HERE)
+        elif kind in kinds and kind != "direct":
+            chosen.append(Target(kind, LABELS[kind]))
+    if "direct" in kinds and len(chosen) > 1:
+        chosen.append(chosen[0])  # again at the end: the drift over the run shows
+    tools = Tools(sys.executable, args.vllm_router, args.nginx, shutil.which(args.wrk) if args.wrk else None)
+    return harness.Settings(
+        targets=chosen,
+        scenarios=[SCENARIOS[name] for name in SCENARIOS if name in args.scenarios],
+        duration_s={name: seconds * args.scale for name, seconds in DURATION_S.items()},
+        warmup_s=WARMUP_S * args.scale,
+        tools=tools,
+        run_dir=run_dir,
+        key=new_key(),  # made for this run: nothing published opens these proxies
+        proxy_cpu=None if args.no_pin else args.proxy_cpu,
+        load_cpu=None if args.no_pin else args.load_cpu,
+        max_requests=args.max_requests,
+    )
+
+
+def header(args: argparse.Namespace, s: harness.Settings, argv: Sequence[str]) -> list[str]:
+    command = args.command or shlex.join(["python", "-m", "router.lab.bench.peers", *argv])
+    if s.proxy_cpu is None:
+        placing = "nothing pinned"
+    else:
+        placing = (
+            f"each proxy alone on CPU {s.proxy_cpu} (`taskset -c {s.proxy_cpu}`), fake backends and load "
+            f"generator on CPU {s.load_cpu} (`taskset -c {s.load_cpu}`)"
+        )
+    client = "wrk (1 thread)" if s.tools.wrk else "the own load generator"
+    seconds = " / ".join(f"{s.duration_s[sc.name]:g}" for sc in s.scenarios)
+    return [
+        "## Proxy peers: proxy CPU per request and per chunk",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {placing}. "
+        f"Non-streamed client: {client}; streams: the own load generator. Loads of {seconds} s, "
+        f"each after a {s.warmup_s:g} s warm-up. Proxy CPU: utime + stime of its process tree "
+        "(/proc/PID/stat), before and after each load.",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+
+    def progress(line: str) -> None:
+        print(f"[peers {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="lane-router-peers-") as tmp:
+        s = settings(args, args.run_dir or Path(tmp))
+        run = harness.run(s, progress)
+    lines = [report.render(run, header(args, s, argv)), "", "Launch commands:", ""]
+    lines += [f"- {label}: `{command}`" for label, command in run.commands.items()]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The peers run: two fake backends on the load core (one answering at once, one paced at 20 ms
+to the first token and 5 ms between tokens); then, target after target, the proxy started alone
+on the proxy core in front of the backend a scenario needs, a warm-up, and each scenario's load
+with the proxy's process-tree CPU time read before and after. Direct (no proxy) is measured first
+and again last, so drift over the run shows. Every load is bounded in time and request count,
+every process is stopped when its block ends, and everything listens on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.lab.bench.peers import cpu, targets, wrk
+from router.lab.bench.peers.scenarios import MODEL, Load, Measure, Scenario, TargetResult
+from router.lab.bench.peers.targets import Target, Tools, Where
+from router.lab.procs import child_process, free_ports
+
+Progress = Callable[[str], None]
+READY_S = 60.0  # vLLM Router waits for its worker's /health before it listens
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    targets: list[Target]
+    scenarios: list[Scenario]
+    duration_s: dict[str, float]  # per scenario name
+    warmup_s: float
+    tools: Tools
+    run_dir: Path
+    key: str
+    proxy_cpu: int | None = 1
+    load_cpu: int | None = 0
+    max_requests: int = 1_000_000
+
+
+@dataclass
+class Run:
+    results: list[TargetResult] = field(default_factory=list)
+    load_start: str = ""
+    load_end: str = ""
+    commands: dict[str, str] = field(default_factory=dict)  # target label → one of its launches
+
+
+def run(settings: Settings, progress: Progress) -> Run:
+    out = Run(load_start=cpu.load_average())
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    with _backends(settings) as backend_ports:
+        for target in settings.targets:
+            progress(f"{target.label}: start (load average {cpu.load_average()})")
+            out.results.append(_run_target(target, settings, backend_ports, out.commands, progress))
+    out.load_end = cpu.load_average()
+    return out
+
+
+@contextlib.contextmanager
+def _backends(settings: Settings) -> Iterator[dict[bool, int]]:
+    fast, paced = free_ports(2)
+    module = [settings.tools.python, "-m", "router.lab.bench.zero_backend"]
+    pin = _pin(settings.load_cpu)
+    with (
+        child_process([*pin, *module, "--port", str(fast)], log=settings.run_dir / "backend-fast.log"),
+        child_process(
+            [*pin, *module, "--port", str(paced), "--ttft-ms", "20", "--itl-ms", "5"],
+            log=settings.run_dir / "backend-paced.log",
+        ) as paced_proc,
+    ):
+        wait_ready(fast, settings.key, None)
+        wait_ready(paced, settings.key, paced_proc)
+        yield {False: fast, True: paced}
+
+
+def _pin(cpu_id: int | None) -> list[str]:
+    return [] if cpu_id is None else ["taskset", "-c", str(cpu_id)]
+
+
+def wait_ready(port: int, key: str, proc: subprocess.Popen[bytes] | None, limit_s: float = READY_S) -> None:
+    """Until a chat completion through `port` answers 200 (the same request the loads send)."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with status {proc.returncode} before it answered")
+        request = urllib.request.Request(url, data=body.encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)  # nothing to wait on but the port itself
+    raise RuntimeError(f"not answering on port {port} after {limit_s:.0f} s")
+
+
+def _run_target(
+    target: Target,
+    settings: Settings,
+    backends: dict[bool, int],
+    commands: dict[str, str],
+    progress: Progress,
+) -> TargetResult:
+    why = targets.missing(target, settings.tools)
+    if why is not None:
+        progress(f"{target.label}: skipped, {why}")
+        return TargetResult(target.label, {}, missing=why)
+    before = cpu.load_average()
+    measures: dict[str, Measure] = {}
+    try:
+        for paced in (False, True):
+            group = [s for s in settings.scenarios if s.paced == paced]
+            if group:
+                measures |= _run_group(target, settings, backends[paced], group, commands, progress)
+    except (RuntimeError, subprocess.SubprocessError, OSError) as err:
+        progress(f"{target.label}: failed, {err}")
+        return TargetResult(target.label, measures, f"failed: {err}", before, cpu.load_average())
+    return TargetResult(target.label, measures, None, before, cpu.load_average())
+
+
+def _run_group(
+    target: Target,
+    settings: Settings,
+    backend_port: int,
+    group: list[Scenario],
+    commands: dict[str, str],
+    progress: Progress,
+) -> dict[str, Measure]:
+    if target.kind == "direct":
+        return {s.name: _measure(s, backend_port, [], settings, target, progress) for s in group}
+    port, metrics_port = free_ports(2)
+    where = Where(port, backend_port, settings.run_dir, settings.proxy_cpu, settings.key, metrics_port)
+    launched = targets.launch(target, settings.tools, where)
+    commands.setdefault(target.label, launched.shown())
+    log = settings.run_dir / f"{target.kind}-{port}.log"
+    with child_process(
+        launched.args, env={**os.environ, **launched.env}, log=log, stdout_to_log=True
+    ) as proc:
+        try:
+            wait_ready(port, settings.key, proc)
+        except RuntimeError as err:
+            raise RuntimeError(f"{err} (log: {log})") from None
+        pids = cpu.process_tree(proc.pid)  # nginx's worker exists once it answers
+        return {s.name: _measure(s, port, pids, settings, target, progress) for s in group}
+
+
+def _measure(
+    scenario: Scenario, port: int, pids: list[int], settings: Settings, target: Target, progress: Progress
+) -> Measure:
+    duration = settings.duration_s[scenario.name]
+    _loadgen(scenario, port, settings, settings.warmup_s)  # pools, caches, code paths: not measured
+    progress(f"{target.label}: {scenario.title} ({duration:g} s)")
+    before = cpu.cpu_seconds(pids)
+    load = _client(scenario, port, settings, duration)
+    used = cpu.cpu_seconds(pids) - before
+    if load.errors or load.bad_counts:
+        progress(f"{target.label}: {scenario.title}: {load.errors} errors, {load.bad_counts} wrong counts")
+    return Measure(load, used if pids else None)
+
+
+def _client(scenario: Scenario, port: int, settings: Settings, duration: float) -> Load:
+    if scenario.stream or settings.tools.wrk is None:
+        return _loadgen(scenario, port, settings, duration)
+    script = wrk.write_script(settings.run_dir / "post.lua", settings.key, scenario.tokens)
+    seconds = max(1, round(duration))
+    cmd = wrk.command(settings.tools.wrk, port, scenario.concurrency, seconds, script)
+    return wrk.run([*_pin(settings.load_cpu), *cmd], seconds)
+
+
+def _loadgen(scenario: Scenario, port: int, settings: Settings, duration: float) -> Load:
+    cmd = [*_pin(settings.load_cpu), settings.tools.python, "-m", "router.lab.bench.peers.loadgen"]
+    cmd += ["--port", str(port), "--key", settings.key, "--tokens", str(scenario.tokens)]
+    cmd += ["--concurrency", str(scenario.concurrency), "--duration", str(duration)]
+    cmd += ["--max-requests", str(settings.max_requests), "--stagger-ms", str(scenario.stagger_ms)]
+    if scenario.stream:
+        cmd.append("--stream")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed: {done.stderr[-1000:]}")
+    data = json.loads(done.stdout)
+    return Load(
+        requests=data["requests"],
+        chunks=data["chunks"],
+        errors=data["errors"],
+        bad_counts=data["bad_counts"],
+        elapsed_s=data["elapsed_s"],
+        ttft_p50_ms=data.get("ttft_p50_ms"),
+        ttft_p99_ms=data.get("ttft_p99_ms"),
+    )

@@ -1,0 +1,94 @@
+"""What the peers benchmark measures, and what one measurement yields.
+
+Every scenario is a closed loop of C connections against one fake backend for a fixed time; a
+"chunk" is one SSE token event (the final `data: [DONE]` is not counted)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The fake backend's model (router.lab.bench.zero_backend.MODEL), named here so the load
+# generator, started once per load, need not import the backend's ASGI stack.
+MODEL = "fake-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    title: str
+    stream: bool
+    concurrency: int
+    tokens: int
+    paced: bool  # against the backend with 20 ms to the first token and 5 ms between tokens
+    stagger_ms: float = 0.0  # spread of the connections' first requests (no lockstep bursts)
+
+
+# One paced stream lasts 20 + 63 × 5 = 335 ms: staggering the first requests over that keeps
+# the 64 closed-loop streams from starting together every round.
+PACED_STREAM_MS = 335.0
+SCENARIOS: dict[str, Scenario] = {
+    "nonstream": Scenario("nonstream", "non-streamed, c=32", False, 32, 16, False),
+    "stream": Scenario("stream", "streamed 64 tok, zero delay, c=32", True, 32, 64, False),
+    "paced": Scenario(
+        "paced", "paced 20 ms TTFT + 5 ms ITL, 64 streams", True, 64, 64, True, PACED_STREAM_MS
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the client saw: completed requests, token events, errors, TTFT percentiles (ms)."""
+
+    requests: int
+    chunks: int
+    errors: int
+    bad_counts: int  # streams that did not deliver exactly the tokens asked for
+    elapsed_s: float
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    client: str = "loadgen"
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """One scenario through one target: the load and the proxy's CPU seconds (None: no proxy)."""
+
+    load: Load
+    proxy_cpu_s: float | None
+
+    @property
+    def req_s(self) -> float:
+        return self.load.requests / self.load.elapsed_s if self.load.elapsed_s else 0.0
+
+    @property
+    def chunks_s(self) -> float:
+        return self.load.chunks / self.load.elapsed_s if self.load.elapsed_s else 0.0
+
+    @property
+    def us_per_request(self) -> float | None:
+        if self.proxy_cpu_s is None or not self.load.requests:
+            return None
+        return 1e6 * self.proxy_cpu_s / self.load.requests
+
+    @property
+    def us_per_chunk(self) -> float | None:
+        if self.proxy_cpu_s is None or not self.load.chunks:
+            return None
+        return 1e6 * self.proxy_cpu_s / self.load.chunks
+
+    @property
+    def core_pct(self) -> float | None:
+        if self.proxy_cpu_s is None or not self.load.elapsed_s:
+            return None
+        return 100 * self.proxy_cpu_s / self.load.elapsed_s
+
+
+@dataclass(frozen=True, slots=True)
+class TargetResult:
+    """One target over the scenarios run; `missing` says why it was not run (e.g. not installed)."""
+
+    label: str
+    measures: dict[str, Measure]
+    missing: str | None = None
+    load_before: str = ""
+    load_after: str = ""

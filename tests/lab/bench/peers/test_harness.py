@@ -1,0 +1,64 @@
+"""A tiny peers run, for real: fake backends, lane-router and the bare proxy as processes of
+their own on loopback, the own load generator; the peers that are not there are reported."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from router.lab.bench.peers.__main__ import main
+
+NUMBER = re.compile(r"[\d,]+(?:\.\d+)?")
+
+
+def _table(out: str) -> list[list[str]]:
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def _first_number(cell: str) -> float:
+    found = NUMBER.search(cell)
+    assert found, cell
+    return float(found.group().replace(",", ""))
+
+
+def test_a_tiny_run_measures_the_proxies_present_and_reports_the_absent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--targets",
+        "lane-router,vllm-router,nginx,bare,direct",
+        "--scale",
+        "0.1",
+        "--max-requests",
+        "2000",
+    ]
+    argv += ["--vllm-router", str(tmp_path / "no-vllm-router"), "--nginx", str(tmp_path / "no-nginx")]
+    argv += ["--wrk", "", "--run-dir", str(tmp_path / "run")]
+    if len(os.sched_getaffinity(0)) < 2:
+        argv.append("--no-pin")
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "Command: `python -m router.lab.bench.peers --targets" in captured.out
+    assert "Load average (1/5/15 min):" in captured.out
+    assert "Errors: none" in captured.out
+    assert "vLLM Router: skipped, not installed" in captured.err
+
+    head, rule, *rows = _table(captured.out)
+    assert head == ["scenario", "lane-router", "vLLM Router", "nginx", "bare Python", "direct"]
+    assert len(rule) == len(head)
+    assert [row[0][:2] for row in rows] == ["1 ", "2 ", "3 ", "4 "]
+    for row in rows:
+        assert len(row) == len(head)
+        lane_router, vllm_router, nginx, bare, direct = row[1:]
+        assert vllm_router.startswith("not installed") and nginx.startswith("not installed")
+        if row[0].startswith(("1 ", "2 ", "3 ")):
+            assert _first_number(lane_router) > 0 and _first_number(bare) > 0  # CPU µs or core %
+            assert direct.startswith("— ")  # no proxy, no proxy CPU; two runs, start and end
+            assert direct.count(";") == 1
+    paced_us = [re.search(r"; ([\d.]+) µs", cell) for cell in rows[2][1:5:3]]
+    assert all(m and float(m.group(1)) > 0 for m in paced_us)
+    assert re.fullmatch(r"[+-]\d+\.\d / [+-]\d+\.\d", rows[3][1])  # added TTFT vs direct

@@ -1,0 +1,52 @@
+"""The pure parts of the peers benchmark: wrk's summary, nginx's configuration, the profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from router.config.load import parse_profile
+from router.lab.bench.peers import nginx, wrk
+from router.lab.bench.peers.scenarios import MODEL
+from router.lab.bench.peers.targets import lane_router_profile
+from router.lab.bench.zero_backend import MODEL as BACKEND_MODEL
+
+
+def test_the_loads_ask_for_the_fake_backends_model() -> None:
+    assert MODEL == BACKEND_MODEL
+
+
+def test_wrk_summary_counts_failed_answers_and_socket_errors_as_errors() -> None:
+    out = (
+        "Running 8s test @ http://127.0.0.1:1/v1/chat/completions\n"
+        "  43530 requests in 8.00s, 19.34MB read\n"
+        "  Socket errors: connect 0, read 1, write 0, timeout 2\n"
+        "  Non-2xx or 3xx responses: 3\n"
+        "Requests/sec:   5441.13\n"
+    )
+    load = wrk.parse(out)
+    assert (load.requests, load.errors, load.elapsed_s, load.client) == (43527, 6, 8.0, "wrk")
+    assert wrk.parse("  10 requests in 500.00ms, 1KB read\n").elapsed_s == 0.5
+
+
+def test_wrk_script_sends_the_key_and_a_non_streamed_body(tmp_path: Path) -> None:
+    text = wrk.write_script(tmp_path / "post.lua", "k-123", 16).read_text()
+    assert 'wrk.headers["Authorization"] = "Bearer k-123"' in text
+    assert '\\"max_tokens\\":16' in text and '\\"stream\\":false' in text
+
+
+def test_nginx_config_keeps_everything_under_its_prefix(tmp_path: Path) -> None:
+    conf = nginx.write_config(tmp_path / "ng", 8123, ["127.0.0.1:9001", "127.0.0.1:9002"], cpu=1)
+    text = conf.read_text()
+    assert "worker_cpu_affinity 10;" in text and nginx.affinity_mask(0) == "1"
+    assert "listen 127.0.0.1:8123" in text and "proxy_buffering off;" in text
+    assert "server 127.0.0.1:9001;" in text and "server 127.0.0.1:9002;" in text
+    assert (tmp_path / "ng" / "logs").is_dir() and (tmp_path / "ng" / "tmp" / "proxy").is_dir()
+    assert nginx.command("nginx", conf) == ["nginx", "-p", str(conf.parent), "-c", str(conf)]
+
+
+def test_lane_router_profile_has_admission_and_a_rate_limited_key() -> None:
+    cfg = parse_profile(lane_router_profile("http://127.0.0.1:9001", "bench-key-0123456789"))
+    (pool,) = cfg.pools.values()
+    assert pool.admission.max_prefilling is not None
+    (key,) = cfg.keys
+    assert key.rpm and key.tpm and key.max_concurrency
