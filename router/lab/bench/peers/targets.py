@@ -67,7 +67,13 @@ def lane_router_targets(srcs: list[Path], here: Path) -> list[Target]:
         return [Target("lane-router", "lane-router", here)]
     if len(srcs) == 1:
         return [Target("lane-router", "lane-router", srcs[0].resolve())]
-    return [Target("lane-router", f"lane-router {_tree_name(src)}", src.resolve()) for src in srcs]
+    names = [_tree_name(src) for src in srcs]
+    # Two checkouts of one commit (one with changes not committed) still get a column each.
+    names = [f"{name} ({i})" if names.count(name) > 1 else name for i, name in enumerate(names, 1)]
+    return [
+        Target("lane-router", f"lane-router {name}", src.resolve())
+        for name, src in zip(names, srcs, strict=True)
+    ]
 
 
 def _tree_name(src: Path) -> str:
@@ -135,7 +141,19 @@ def launch(target: Target, tools: Tools, where: Where) -> Launch:
 def _lane_router(target: Target, tools: Tools, where: Where, upstream: str) -> Launch:
     cfg = where.run_dir / f"lane-router-{where.port}.yaml"
     cfg.write_text(yaml.safe_dump(lane_router_profile(f"http://{upstream}", where.key)))
-    serve = ["-m", "router", "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(where.port)]
+    # -P: the working directory, which may be another checkout, must not come before PYTHONPATH.
+    serve = [
+        "-P",
+        "-m",
+        "router",
+        "serve",
+        "--config",
+        str(cfg),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(where.port),
+    ]
     return Launch([tools.python, *serve, "--log-level", "warning"], {"PYTHONPATH": str(target.src)})
 
 

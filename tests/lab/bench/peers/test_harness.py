@@ -25,6 +25,7 @@ def _first_number(cell: str) -> float:
     return float(found.group().replace(",", ""))
 
 
+@pytest.mark.timeout(600)  # a dozen processes start on a shared 2-core machine
 def test_a_tiny_run_measures_the_proxies_present_and_reports_the_absent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

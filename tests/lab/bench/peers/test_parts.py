@@ -7,7 +7,7 @@ from pathlib import Path
 from router.config.load import parse_profile
 from router.lab.bench.peers import nginx, wrk
 from router.lab.bench.peers.scenarios import MODEL
-from router.lab.bench.peers.targets import lane_router_profile
+from router.lab.bench.peers.targets import Target, Tools, lane_router_profile, lane_router_targets, missing
 from router.lab.bench.zero_backend import MODEL as BACKEND_MODEL
 
 
@@ -50,3 +50,24 @@ def test_lane_router_profile_has_admission_and_a_rate_limited_key() -> None:
     assert pool.admission.max_prefilling is not None
     (key,) = cfg.keys
     assert key.rpm and key.tpm and key.max_concurrency
+
+
+def test_several_source_trees_get_a_column_each_and_a_tree_without_the_router_is_reported(
+    tmp_path: Path,
+) -> None:
+    here = Path(__file__).resolve().parents[4]
+    (only,) = lane_router_targets([], here)
+    assert (only.label, only.src) == ("lane-router", here)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    two = lane_router_targets([here, empty], here)
+    assert [t.src for t in two] == [here, empty.resolve()]
+    assert two[0].label != two[1].label and all(t.label.startswith("lane-router ") for t in two)
+    tools = Tools("python", "vllm-router", "nginx", None)
+    assert missing(two[0], tools) is None
+    assert missing(two[1], tools) == f"no router package under {empty.resolve()}"
+    absent = Tools("python", str(tmp_path / "vllm-router"), str(tmp_path / "nginx"), None)
+    assert (
+        missing(Target("vllm-router", "vLLM Router"), absent) == f"not installed ({tmp_path / 'vllm-router'})"
+    )
+    assert missing(Target("nginx", "nginx"), absent) == f"not installed ({tmp_path / 'nginx'})"
