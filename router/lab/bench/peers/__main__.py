@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import router.lab.bench.peers as package
 from router.auth import new_key
 from router.lab.bench.peers import harness, report
 from router.lab.bench.peers.scenarios import SCENARIOS
@@ -32,7 +33,11 @@ def _names(text: str, known: Sequence[str]) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m router.lab.bench.peers", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m router.lab.bench.peers",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--targets", type=lambda t: _names(t, KINDS), default=list(KINDS), help=",".join(KINDS))
     p.add_argument(
         "--scenarios",
