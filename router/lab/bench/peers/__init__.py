@@ -3,8 +3,8 @@ proxy, and no proxy at all, on one machine in one run, with each proxy's own CPU
 
 Each proxy runs on a core no other process of the benchmark uses; the fake backends
 (`router.lab.bench.zero_backend`) and the load generator share the other, so the proxy's CPU
-time, read from /proc over its process tree, holds nothing but its own work. `scripts/bench-peers.sh` installs the peers and runs
-`python -m router.lab.bench.peers`.
+time, read from /proc over its process tree, holds nothing but its own work.
+`scripts/bench-peers.sh` installs the peers and runs `python -m router.lab.bench.peers`.
 
 - `scenarios`: what is measured, and the numbers one measurement yields;
 - `loadgen`: the closed-loop client (a process of its own), SSE-aware; `wrk`: the non-streamed

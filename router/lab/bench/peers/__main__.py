@@ -21,7 +21,6 @@ from router.lab.bench.peers.targets import KINDS, LABELS, Target, Tools, lane_ro
 HERE = Path(__file__).resolve().parents[4]  # the source tree this module runs from
 VLLM_ROUTER = Path.home() / ".cache/lane-router/peers/vllm-router-0.1.17/bin/vllm-router"
 DURATION_S = {"nonstream": 8.0, "stream": 8.0, "paced": 10.0}
-WARMUP_S = 1.0
 
 
 def _names(text: str, known: Sequence[str]) -> list[str]:
@@ -52,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="the lane-router source tree to run (repeat to compare trees; default: this one)",
     )
+    p.add_argument("--scale", type=float, default=1.0, help="times the default 8/8/10 s loads")
     p.add_argument(
-        "--scale", type=float, default=1.0, help="times the default 8/8/10 s loads and 1 s warm-ups"
+        "--warmup", type=float, default=1.0, help="seconds of load before each measured one (0: none)"
     )
     p.add_argument("--max-requests", type=int, default=1_000_000, help="per load, at most")
     p.add_argument("--vllm-router", default=str(VLLM_ROUTER), help="the vllm-router executable")
@@ -82,7 +82,7 @@ def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
         targets=chosen,
         scenarios=[SCENARIOS[name] for name in SCENARIOS if name in args.scenarios],
         duration_s={name: seconds * args.scale for name, seconds in DURATION_S.items()},
-        warmup_s=WARMUP_S * args.scale,
+        warmup_s=args.warmup,
         tools=tools,
         run_dir=run_dir,
         key=new_key(),  # made for this run: nothing published opens these proxies
@@ -98,7 +98,7 @@ def header(args: argparse.Namespace, s: harness.Settings, argv: Sequence[str]) -
         placing = "nothing pinned"
     else:
         placing = (
-            f"each proxy alone on CPU {s.proxy_cpu} (`taskset -c {s.proxy_cpu}`), fake backends and load "
+            f"each proxy on CPU {s.proxy_cpu} (`taskset -c {s.proxy_cpu}`), fake backends and load "
             f"generator on CPU {s.load_cpu} (`taskset -c {s.load_cpu}`)"
         )
     client = "wrk (1 thread)" if s.tools.wrk else "the own load generator"
@@ -110,7 +110,8 @@ def header(args: argparse.Namespace, s: harness.Settings, argv: Sequence[str]) -
         "",
         f"Started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {placing}. "
         f"Non-streamed client: {client}; streams: the own load generator. Loads of {seconds} s, "
-        f"each after a {s.warmup_s:g} s warm-up. Proxy CPU: utime + stime of its process tree "
+        + (f"each after a {s.warmup_s:g} s warm-up. " if s.warmup_s > 0 else "no warm-up. ")
+        + "Proxy CPU: utime + stime of its process tree "
         "(/proc/PID/stat), before and after each load.",
     ]
 

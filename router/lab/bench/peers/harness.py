@@ -154,7 +154,8 @@ def _measure(
     scenario: Scenario, port: int, pids: list[int], settings: Settings, target: Target, progress: Progress
 ) -> Measure:
     duration = settings.duration_s[scenario.name]
-    _loadgen(scenario, port, settings, settings.warmup_s)  # pools, caches, code paths: not measured
+    if settings.warmup_s > 0:  # pools, caches, code paths: not measured
+        _loadgen(scenario, port, settings, settings.warmup_s)
     progress(f"{target.label}: {scenario.title} ({duration:g} s)")
     before = cpu.cpu_seconds(pids)
     load = _client(scenario, port, settings, duration)
