@@ -68,12 +68,13 @@ apt_install() {
   command -v "$tool" >/dev/null || fail "$tool not on PATH after installing $package"
 }
 
-# A venv counts as complete once pip reports the pinned version in it.
+# A venv counts as complete once the pinned version is installed in it.
 install_vllm_router() {
-  if [[ -x $VENV/bin/vllm-router ]] &&
-    "$VENV/bin/python" -m pip show vllm-router 2>/dev/null | grep -qx "Version: $VLLM_ROUTER_VERSION"; then
-    return
+  local have=""
+  if [[ -x $VENV/bin/vllm-router ]]; then
+    have=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-router"))' 2>/dev/null || true)
   fi
+  [[ $have == "$VLLM_ROUTER_VERSION" ]] && return
   command -v "$PYTHON" >/dev/null || PYTHON=python3
   log "pip install vllm-router==$VLLM_ROUTER_VERSION into $VENV"
   rm -rf "$VENV"
@@ -92,4 +93,4 @@ apt_install wrk wrk
 # The harness sits on the load core; it starts each proxy under taskset on the proxy core.
 cd "$REPO"
 exec taskset -c 0 env PYTHONPATH="$REPO" "$RUNNER" -m router.lab.bench.peers \
-  --vllm-router "$VENV/bin/vllm-router" --command "scripts/bench-peers.sh $*" "$@"
+  --vllm-router "$VENV/bin/vllm-router" --command "scripts/bench-peers.sh${*:+ $*}" "$@"

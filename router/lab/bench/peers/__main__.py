@@ -4,6 +4,7 @@ the peers and runs this."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -92,7 +93,7 @@ def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
     )
 
 
-def header(args: argparse.Namespace, s: harness.Settings, argv: Sequence[str]) -> list[str]:
+def header(args: argparse.Namespace, s: harness.Settings, run: harness.Run, argv: Sequence[str]) -> list[str]:
     command = args.command or shlex.join(["python", "-m", "router.lab.bench.peers", *argv])
     if s.proxy_cpu is None:
         placing = "nothing pinned"
@@ -108,7 +109,7 @@ def header(args: argparse.Namespace, s: harness.Settings, argv: Sequence[str]) -
         "",
         f"Command: `{command}`",
         "",
-        f"Started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {placing}. "
+        f"Started {run.started} on {os.cpu_count()} CPUs; {placing}. "
         f"Non-streamed client: {client}; streams: the own load generator. Loads of {seconds} s, "
         + (f"each after a {s.warmup_s:g} s warm-up. " if s.warmup_s > 0 else "no warm-up. ")
         + "Proxy CPU: utime + stime of its process tree "
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lane-router-peers-") as tmp:
         s = settings(args, args.run_dir or Path(tmp))
         run = harness.run(s, progress)
-    lines = [report.render(run, header(args, s, argv)), "", "Launch commands:", ""]
+    lines = [report.render(run, header(args, s, run, argv)), "", "Launch commands:", ""]
     lines += [f"- {label}: `{command}`" for label, command in run.commands.items()]
     print("\n".join(lines))
     return 0

@@ -43,13 +43,14 @@ class Settings:
 @dataclass
 class Run:
     results: list[TargetResult] = field(default_factory=list)
+    started: str = ""  # UTC
     load_start: str = ""
     load_end: str = ""
     commands: dict[str, str] = field(default_factory=dict)  # target label → one of its launches
 
 
 def run(settings: Settings, progress: Progress) -> Run:
-    out = Run(load_start=cpu.load_average())
+    out = Run(started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), load_start=cpu.load_average())
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     with _backends(settings) as backend_ports:
         for target in settings.targets:
