@@ -18,6 +18,7 @@ from router.config.models import PoolConfig
 from router.membership import DiscoveryStatus
 from router.poolgate import PoolGate
 from router.proxy.upstream import UpstreamPool
+from router.tls.upstream import UpstreamTls
 
 
 class Health(Enum):
@@ -45,9 +46,10 @@ class ConnectionSettings:
     head_timeout: float
     head_read_timeout: float
     idle_expiry: float
+    tls: UpstreamTls | None = None  # equal while the pool's tls: block and its files are
 
     @classmethod
-    def of(cls, pc: PoolConfig) -> ConnectionSettings:
+    def of(cls, pc: PoolConfig, tls: UpstreamTls | None = None) -> ConnectionSettings:
         return cls(
             max_connections=pc.max_connections,
             connect_timeout=pc.connect_timeout_s,
@@ -55,6 +57,7 @@ class ConnectionSettings:
             head_timeout=pc.response_head_timeout_s,
             head_read_timeout=pc.head_read_timeout_s,
             idle_expiry=pc.upstream_keepalive_s,
+            tls=tls,
         )
 
     def connect(self, origin: str, label: str) -> UpstreamPool:
@@ -67,6 +70,8 @@ class ConnectionSettings:
             head_read_timeout=self.head_read_timeout,
             idle_expiry=self.idle_expiry,
             label=label,
+            ssl_context=self.tls.context if self.tls is not None else None,
+            server_hostname=self.tls.server_name if self.tls is not None else None,
         )
 
 
@@ -138,6 +143,7 @@ class Pool:
     next_index: int = 0
     discovery: DiscoveryStatus = field(default_factory=DiscoveryStatus)
     holders: int = 0  # runtimes that hold the pool (router/fleet.py)
+    tls: UpstreamTls | None = None  # towards https backends (router/tls/upstream.py)
     gate: PoolGate = field(init=False)  # built with the pool (router/runtime.py `_new_pool`)
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
@@ -157,7 +163,7 @@ class Pool:
         """A backend first seen now, with the pool's next number and its own connections."""
         index = self.next_index
         self.next_index += 1
-        settings = ConnectionSettings.of(self.config)
+        settings = ConnectionSettings.of(self.config, self.tls)
         upstream = settings.connect(origin, backend_label(self.name, index))
         return Backend(pool=self.name, name=origin, upstream=upstream, index=index, connection=settings)
 

@@ -30,6 +30,20 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", help="listen address (default: $LANE_ROUTER_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default: $LANE_ROUTER_PORT or 8080)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    tls = serve.add_argument_group("TLS", "serve HTTPS; the files are re-read on SIGHUP")
+    tls.add_argument(
+        "--tls-cert", type=Path, metavar="FILE", help="PEM certificate chain (default: $LANE_ROUTER_TLS_CERT)"
+    )
+    tls.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="PEM private key (default: $LANE_ROUTER_TLS_KEY)"
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="require client certificates signed by this PEM CA bundle, mTLS "
+        "(default: $LANE_ROUTER_TLS_CLIENT_CA)",
+    )
     _workers_option(serve, "worker processes sharing the port (default: $LANE_ROUTER_WORKERS or 1)")
     serve.add_argument(
         "--require-evidence",
@@ -124,6 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ("port", args.port),
             ("log_level", args.log_level),
             ("workers", args.workers),
+            ("tls_cert", args.tls_cert),
+            ("tls_key", args.tls_key),
+            ("tls_client_ca", args.tls_client_ca),
         )
         if v is not None
     }
@@ -226,6 +243,8 @@ def describe(cfg: ProfileConfig) -> str:
         v = pool.vllm
         lines.append(f"  {name}: model={pool.model} vllm={v.version}")
         lines.append(f"    backends: {_backends_source(pool)}")
+        if pool.uses_tls:
+            lines.append(f"    tls: {_tls_summary(pool)}")
         lines.append(
             f"    max_model_len={v.max_model_len} max_num_batched_tokens={v.max_num_batched_tokens} "
             f"max_num_seqs={v.max_num_seqs} long_prefill_token_threshold={v.long_prefill_token_threshold} "
@@ -248,6 +267,18 @@ def _backends_source(pool: PoolConfig) -> str:
         return f"{len(pool.backends)} listed"
     via = f" via {', '.join(found.nameservers)}" if found.nameservers else ""
     return f"dns {found.dns}:{found.port} every {found.interval_s:g}s, at most {found.max_backends}{via}"
+
+
+def _tls_summary(pool: PoolConfig) -> str:
+    tls = pool.tls
+    name = tls.server_name if tls is not None else None
+    if name is None and pool.discovery is not None:
+        name = pool.discovery.dns.rstrip(".")
+    parts = [f"verify against {tls.ca_file if tls is not None and tls.ca_file else 'the system CAs'}"]
+    parts.append(f"name {name}" if name else "name from each backend's URL")
+    if tls is not None and tls.client_cert_file is not None:
+        parts.append(f"client certificate {tls.client_cert_file}")
+    return ", ".join(parts)
 
 
 def cmd_hash_key(args: argparse.Namespace) -> int:

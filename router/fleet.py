@@ -124,7 +124,7 @@ class Fleet:
             self._reconnect(pool, backend)
 
     def _reconnect(self, pool: Pool, backend: Backend) -> None:
-        settings = ConnectionSettings.of(pool.config)
+        settings = ConnectionSettings.of(pool.config, pool.tls)
         if backend.connection == settings:
             return
         self._retired.append(backend.upstream)

@@ -18,13 +18,12 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-import httpx
 import orjson
 
 from router.config.models import HealthConfig
 from router.discovery import Discovery
 from router.metrics import Metrics
-from router.probes import HEALTH_BYTES, INFO_BYTES, get_capped
+from router.probes import HEALTH_BYTES, INFO_BYTES, ProbeClient
 from router.runtime import Backend, Health, Pool, Runtime
 
 log = logging.getLogger("lane_router.health")
@@ -81,7 +80,7 @@ class HealthChecker:
     def __init__(self, current: Callable[[], Runtime], metrics: Metrics) -> None:
         self._current = current
         self._metrics = metrics
-        self._client = httpx.AsyncClient()
+        self._probes = ProbeClient()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._discovery = Discovery(current, metrics, self._probe_joined)
@@ -103,7 +102,7 @@ class HealthChecker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            await self._client.aclose()
+            await self._probes.aclose()
 
     async def _loop(self) -> None:
         rounds = 0
@@ -131,8 +130,8 @@ class HealthChecker:
 
     async def _probe(self, runtime: Runtime, pool: Pool, backend: Backend, check_drift: bool) -> None:
         cfg = runtime.config.health
-        answer = await get_capped(
-            self._client, backend.name + "/health", cap=HEALTH_BYTES, timeout=cfg.timeout_s
+        answer = await self._probes.get(
+            pool.tls, backend.name + "/health", cap=HEALTH_BYTES, timeout=cfg.timeout_s
         )
         if backend not in pool.members:
             return  # it left the pool while the probe ran: no series may outlive it
@@ -145,15 +144,15 @@ class HealthChecker:
 
     async def _check_drift(self, pool: Pool, backend: Backend, timeout: float) -> None:
         headers = {"authorization": "Bearer " + pool.upstream_key.decode()} if pool.upstream_key else {}
-        version = await self._get_json(backend.name + "/version", headers, timeout)
-        models = await self._get_json(backend.name + "/v1/models", headers, timeout)
+        version = await self._get_json(pool, backend.name + "/version", headers, timeout)
+        models = await self._get_json(pool, backend.name + "/v1/models", headers, timeout)
         live_version = version.get("version") if isinstance(version, dict) else None
         backend.drift = drift_findings(pool, live_version, models if isinstance(models, dict) else None)
         if backend in pool.members:
             self._metrics.backend_drift.labels(pool.name, backend.name).set(1 if backend.drift else 0)
 
-    async def _get_json(self, url: str, headers: dict[str, str], timeout: float) -> Any:
-        answer = await get_capped(self._client, url, cap=INFO_BYTES, timeout=timeout, headers=headers)
+    async def _get_json(self, pool: Pool, url: str, headers: dict[str, str], timeout: float) -> Any:
+        answer = await self._probes.get(pool.tls, url, cap=INFO_BYTES, timeout=timeout, headers=headers)
         if answer is None or answer.status != 200:
             return None
         try:

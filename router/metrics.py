@@ -162,6 +162,20 @@ class Metrics:
         self.auth_failures = Counter(
             p + "auth_failures", "Requests refused for their key, by reason.", ["reason"], registry=registry
         )
+        self.tls_handshake_failures = Counter(
+            p + "tls_handshake_failures",
+            "Client connections whose TLS handshake failed, by reason (handshake_timeout, plain_http, "
+            "no_client_certificate, bad_client_certificate, protocol_mismatch, "
+            "closed_during_handshake, handshake_failed).",
+            ["reason"],
+            registry=registry,
+        )
+        self.tls_certificate_reloads = Counter(
+            p + "tls_certificate_reloads",
+            "Re-reads of the listener's certificate files (SIGHUP), by result.",
+            ["result"],
+            registry=registry,
+        )
         self.shared_state_errors = Counter(
             p + "shared_state_errors",
             "Operations on the replicas' shared state (Redis) that failed or were skipped while it "

@@ -5,21 +5,30 @@ read, which a backend sending a byte now and then would never trip) and in body 
 they arrive and never past the cap. The response head is bounded by the HTTP client itself:
 httpcore hands h11 a 100 KiB limit on an incomplete head, so a larger one is a protocol error.
 Compressed bodies are refused rather than inflated: the request asks for `identity`.
+
+`ProbeClient` sends each GET with the TLS of the backend's pool (router/tls/upstream.py): the
+same CA bundle, client certificate and name to verify as the pool's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
+
+from router.tls.upstream import UpstreamTls
 
 HEALTH_BYTES = 64 * 1024
 INFO_BYTES = 1024 * 1024  # /version, /v1/models
 METRICS_BYTES = 4 * 1024 * 1024
 
 _IDENTITY = {"accept-encoding": "identity"}
+# httpx clients kept, one per TLS setup in use; a reload that rotates files adds one.
+MAX_CLIENTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +44,17 @@ async def get_capped(
     cap: int,
     timeout: float,
     headers: Mapping[str, str] | None = None,
+    extensions: dict[str, Any] | None = None,
 ) -> Answer | None:
     """The status and body of a GET; None when it failed, took longer than `timeout` in all,
     sent a body of more than `cap` bytes or a compressed one."""
     try:
         async with asyncio.timeout(timeout):
             request_headers = {**_IDENTITY, **(headers or {})}
-            async with client.stream("GET", url, headers=request_headers, timeout=timeout) as resp:
+            stream = client.stream(
+                "GET", url, headers=request_headers, timeout=timeout, extensions=extensions
+            )
+            async with stream as resp:
                 if resp.headers.get("content-encoding", "identity").lower() != "identity":
                     return None
                 body = await _read_capped(resp, cap)
@@ -60,3 +73,45 @@ async def _read_capped(resp: httpx.Response, cap: int) -> bytes | None:
         if len(body) > cap:
             return None
     return bytes(body)
+
+
+class ProbeClient:
+    """Bounded GETs with a pool's TLS: one httpx client per TLS setup (the plain one included),
+    the oldest closed once more than MAX_CLIENTS were made."""
+
+    def __init__(self) -> None:
+        self._clients: OrderedDict[UpstreamTls | None, httpx.AsyncClient] = OrderedDict()
+        self._retired: list[httpx.AsyncClient] = []
+
+    async def get(
+        self,
+        tls: UpstreamTls | None,
+        url: str,
+        *,
+        cap: int,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer | None:
+        await self._close_retired()
+        client = self._client(tls)
+        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        return await get_capped(client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions)
+
+    def _client(self, tls: UpstreamTls | None) -> httpx.AsyncClient:
+        client = self._clients.get(tls)
+        if client is not None:
+            self._clients.move_to_end(tls)
+            return client
+        client = self._clients[tls] = httpx.AsyncClient(verify=tls.context if tls is not None else True)
+        if len(self._clients) > MAX_CLIENTS:
+            self._retired.append(self._clients.popitem(last=False)[1])
+        return client
+
+    async def _close_retired(self) -> None:
+        while self._retired:
+            await self._retired.pop().aclose()
+
+    async def aclose(self) -> None:
+        self._retired += self._clients.values()
+        self._clients.clear()
+        await self._close_retired()

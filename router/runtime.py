@@ -44,6 +44,7 @@ from router.sharedstate import SharedState, redis_url
 from router.slots.budget import Share
 from router.slots.counting import Counting, counting_for
 from router.slowclient import BufferBudget, LagPolicy, SlowClients
+from router.tls.upstream import UpstreamTls, upstream_tls
 from router.tokens import PromptCosts, PromptCounter, make_counter
 
 __all__ = ["Backend", "Health", "Lane", "Pool", "Runtime", "backend_label", "build_runtime"]
@@ -278,6 +279,7 @@ class _PoolSettings:
     upstream_key: bytes | None
     config_hash: str
     limits: PrefillLimits
+    tls: UpstreamTls | None
 
 
 def _pool_settings(name: str, pc: PoolConfig, env: Mapping[str, str]) -> _PoolSettings:
@@ -290,6 +292,7 @@ def _pool_settings(name: str, pc: PoolConfig, env: Mapping[str, str]) -> _PoolSe
         upstream_key=upstream_key.encode("latin-1") if upstream_key else None,
         config_hash=server_configuration_hash(pc.vllm, pc.model),
         limits=PrefillLimits.for_pool(pc),
+        tls=upstream_tls(pc, f"pools.{name}"),
     )
 
 
@@ -312,6 +315,7 @@ def _new_pool(settings: _PoolSettings, counting: Counting) -> Pool:
         config=settings.config,
         upstream_key=settings.upstream_key,
         config_hash=settings.config_hash,
+        tls=settings.tls,
     )
     pool.gate = counting.gate(settings.limits, pool.routable)
     return pool
@@ -321,5 +325,6 @@ def _reconfigure_pool(fleet: Fleet, pool: Pool, settings: _PoolSettings, countin
     pool.config = settings.config
     pool.upstream_key = settings.upstream_key
     pool.config_hash = settings.config_hash
+    pool.tls = settings.tls
     counting.configure(pool.gate, settings.limits)
     fleet.reconnect(pool)

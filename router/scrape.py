@@ -17,10 +17,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 from router.balance import scrapes_load
-from router.probes import METRICS_BYTES, get_capped
+from router.probes import METRICS_BYTES, ProbeClient
 from router.runtime import Backend, Pool, Runtime
 
 log = logging.getLogger("lane_router.scrape")
@@ -85,7 +83,7 @@ class LoadScraper:
 
     def __init__(self, current: Callable[[], Runtime]) -> None:
         self._current = current
-        self._client = httpx.AsyncClient()
+        self._probes = ProbeClient()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -97,7 +95,7 @@ class LoadScraper:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
         finally:
-            await self._client.aclose()
+            await self._probes.aclose()
 
     async def _loop(self) -> None:
         while True:
@@ -112,7 +110,7 @@ class LoadScraper:
     async def _one(self, pool: Pool, backend: Backend, timeout: float) -> None:
         headers = {"authorization": "Bearer " + pool.upstream_key.decode()} if pool.upstream_key else {}
         url = backend.name + "/metrics"
-        answer = await get_capped(self._client, url, cap=METRICS_BYTES, timeout=timeout, headers=headers)
+        answer = await self._probes.get(pool.tls, url, cap=METRICS_BYTES, timeout=timeout, headers=headers)
         sample = None
         if answer is not None and answer.status == 200:
             sample = parse_vllm_load(answer.body.decode("utf-8", "replace"))

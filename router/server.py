@@ -29,6 +29,8 @@ from router.runtime import build_runtime
 from router.scrape import LoadScraper
 from router.settings import Settings
 from router.state import RouterState
+from router.tls.contexts import TlsFileError
+from router.tls.serving import ServingTls
 from router.workerlink import FILE_TRIGGER, SIGHUP_TRIGGER, WorkerSide, WorkerState
 from router.workermetrics import MetricsApp
 from router.workers import bind, supervise
@@ -69,10 +71,12 @@ def build_state(cfg: ProfileConfig, config_path: Path | None, bind_host: str = "
 
 @contextlib.asynccontextmanager
 async def background(
-    state: RouterState, settings: Settings, worker: WorkerSide | None = None
+    state: RouterState, settings: Settings, worker: WorkerSide | None = None, tls: ServingTls | None = None
 ) -> AsyncIterator[None]:
     if worker is not None:
         await worker.start()
+    if tls is not None:
+        tls.attach(state.metrics)
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
     scraper = LoadScraper(lambda: state.runtime)
@@ -81,17 +85,21 @@ async def background(
     loop = asyncio.get_running_loop()
 
     def on_sighup() -> None:
-        tasks.append(loop.create_task(_reload_and_probe(state, checker, SIGHUP_TRIGGER)))
+        if tls is not None:
+            tls.reload()
+        if state.config_path is not None:
+            tasks.append(loop.create_task(_reload_and_probe(state, checker, SIGHUP_TRIGGER)))
 
-    if state.config_path is not None:
+    hangup = state.config_path is not None or tls is not None
+    if hangup:
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
-        if settings.watch_config:
-            watcher = ConfigWatcher(state, state.config_path, settings.watch_interval_s)
-            tasks.append(loop.create_task(watcher.run(), name="lane-router-config-watch"))
+    if state.config_path is not None and settings.watch_config:
+        watcher = ConfigWatcher(state, state.config_path, settings.watch_interval_s)
+        tasks.append(loop.create_task(watcher.run(), name="lane-router-config-watch"))
     try:
         yield
     finally:
-        if state.config_path is not None:
+        if hangup:
             loop.remove_signal_handler(signal.SIGHUP)
         for task in tasks:
             task.cancel()
@@ -109,8 +117,8 @@ async def _reload_and_probe(state: RouterState, checker: HealthChecker, trigger:
         checker.poke()
 
 
-def make_app(state: RouterState, settings: Settings) -> LaneRouterApp:
-    return LaneRouterApp(state, lifespan=lambda: background(state, settings))
+def make_app(state: RouterState, settings: Settings, tls: ServingTls | None = None) -> LaneRouterApp:
+    return LaneRouterApp(state, lifespan=lambda: background(state, settings, tls=tls))
 
 
 def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConfig:
@@ -134,7 +142,9 @@ def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConf
 
 def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     """`lane-router serve`: the app for `cfg` (else the profile file of `settings`), served until
-    SIGINT or SIGTERM — by this process, or by `settings.workers` workers it supervises."""
+    SIGINT or SIGTERM — by this process, or by `settings.workers` workers it supervises. With
+    TLS settings the files are checked first; each worker loads (and reloads) them itself."""
+    tls = serving_tls(settings)
     if settings.workers > 1 and not settings.is_worker:
         if settings.config is None:
             raise ValueError("--workers needs a profile file (--config FILE or LANE_ROUTER_CONFIG)")
@@ -144,31 +154,44 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
             raise SystemExit(
                 f"lane-router serve: cannot serve on {settings.host}:{settings.port}: {err}"
             ) from None
-    run(build_app(settings, cfg), settings)
+    run(build_app(settings, cfg, tls), settings, tls)
     return 0
 
 
-def build_app(settings: Settings, cfg: ProfileConfig | None = None) -> Any:
+def serving_tls(settings: Settings) -> ServingTls | None:
+    try:
+        tls = ServingTls.of(settings)
+    except TlsFileError as err:
+        raise SystemExit(f"lane-router serve: cannot serve TLS: {err}") from None
+    if tls is not None:
+        log.info("serving %s", tls.describe())
+    return tls
+
+
+def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: ServingTls | None = None) -> Any:
     path = settings.config
     if cfg is None:
         if path is None:
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
     if not settings.is_worker:
-        return make_app(build_state(cfg, path, settings.host), settings)
+        return make_app(build_state(cfg, path, settings.host), settings, tls)
     worker = WorkerSide.of(settings)
     runtime = build_runtime(cfg, worker.metrics, worker=worker.share)
     state = WorkerState(runtime, worker.metrics, path, bind_host=settings.host, link=worker.link)
-    app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker))
+    app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker, tls))
     return MetricsApp(app, worker.peers)
 
 
-def run(app: Any, settings: Settings) -> None:
+def run(app: Any, settings: Settings, tls: ServingTls | None = None) -> None:
     """Serve `app` on the router's HTTP server under uvloop until a signal stops it."""
+    termination = tls.termination if tls is not None else None
     try:
         sock = _worker_socket(settings)
         config = server_config(settings)
-        uvloop.run(httpserver.serve(app, config, host=settings.host, port=settings.port, sock=sock))
+        uvloop.run(
+            httpserver.serve(app, config, host=settings.host, port=settings.port, sock=sock, ssl=termination)
+        )
     except httpserver.StartupFailed as err:
         raise SystemExit(f"lane-router serve: startup failed: {err}") from None
     except OSError as err:

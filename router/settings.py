@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.httpserver.config import HEAD_TIMEOUT_MAX_S
@@ -31,6 +31,11 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(30.0, gt=0, description="idle time between requests")
     body_timeout_s: float = Field(30.0, gt=0, description="silence while a request body is due")
     max_connections: int = Field(10_000, ge=0, description="open client connections; 0: no limit")
+    # TLS on the listener (router/tls/serving.py): re-read on SIGHUP; with a client CA every client
+    # must show a certificate it signed (mTLS).
+    tls_cert: Path | None = Field(None, description="PEM certificate chain served to clients")
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
+    tls_client_ca: Path | None = Field(None, description="PEM CA bundle client certificates must chain to")
     # Several processes on one port (router/workers.py): N workers under a supervising parent.
     workers: int = Field(1, ge=1, le=256, description="worker processes; 1: this process serves alone")
     worker_sockets: Literal["reuseport", "inherit"] = Field(
@@ -43,6 +48,18 @@ class Settings(BaseSettings):
     worker_channel_fd: int | None = Field(None, ge=0, description="the worker's socket to its parent")
     listen_fd: int | None = Field(None, ge=0, description="the listening socket inherited from the parent")
     run_dir: Path | None = Field(None, description="the workers' private directory (metrics sockets)")
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs TLS on the listener (--tls-cert and --tls-key)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     @property
     def is_worker(self) -> bool:

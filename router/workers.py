@@ -197,6 +197,9 @@ class Supervisor:
         }
         if s.config is not None:
             env["LANE_ROUTER_CONFIG"] = str(s.config.resolve())
+        for name, path in (("CERT", s.tls_cert), ("KEY", s.tls_key), ("CLIENT_CA", s.tls_client_ca)):
+            if path is not None:
+                env[f"LANE_ROUTER_TLS_{name}"] = str(path.resolve())
         return env
 
     async def _listen(self, worker: _Worker) -> None:

@@ -9,6 +9,7 @@ from router.config.models import ALL_CLASSES, ProfileConfig
 from router.config.vllm import vllm_rule_violations
 from router.membership import parse_nameserver
 from router.slots.budget import budgets
+from router.tls.contexts import TlsFileError, client_context
 from router.tokens import SIMULATOR, UTF8_BYTES
 
 
@@ -27,6 +28,7 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _every_class_has_a_lane(cfg)
     issues += _pool_rules(cfg)
     issues += _discovery_rules(cfg)
+    issues += _tls_rules(cfg)
     issues += _key_rules(cfg)
     issues += _slow_client_rules(cfg)
     issues += _token_rules(cfg)
@@ -48,6 +50,25 @@ def _token_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
             for i, key in enumerate(cfg.keys)
             if key.cache_group is not None
         ]
+    return issues
+
+
+def _tls_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    """A `tls:` block belongs to a pool with https backends, and its files must make a context."""
+    issues: list[ConfigIssue] = []
+    for name, pool in cfg.pools.items():
+        tls = pool.tls
+        if tls is None:
+            continue
+        if not pool.uses_tls:
+            issues.append(
+                ConfigIssue(f"pools.{name}.tls", "applies only to https:// backends (the pool has none)")
+            )
+            continue
+        try:
+            client_context(tls.ca_file, tls.client_cert_file, tls.client_key_file, prefix="tls")
+        except TlsFileError as err:
+            issues.append(ConfigIssue(f"pools.{name}.{err.role}", err.reason))
     return issues
 
 

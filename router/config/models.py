@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, mod
 
 from router.balance import DEFAULT as DEFAULT_BALANCE
 from router.balance import BalanceSettings, plain_form
+from router.config.tls import UpstreamTlsConfig
 from router.config.vllm import VllmSettings
 from router.requestfields import ENGINE_FIELDS, LIMITED_FIELDS
 
@@ -80,7 +81,7 @@ class DiscoveryConfig(Strict):
 
     dns: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.-]+$")
     port: int = Field(8000, ge=1, le=65535)
-    scheme: Literal["http"] = "http"
+    scheme: Literal["http", "https"] = "http"
     interval_s: float = Field(5.0, gt=0, le=3600)
     max_backends: int = Field(64, ge=1, le=1024)
     nameservers: tuple[str, ...] = ()
@@ -88,7 +89,8 @@ class DiscoveryConfig(Strict):
 
 class PoolConfig(Strict):
     """`backends` lists the pool's servers; `discovery` finds them by DNS instead (exactly one
-    of the two)."""
+    of the two). `https://` backends are verified as `tls:` says (router/config/tls.py); without
+    a `tls:` block, against the system's CAs and the URL's host."""
 
     backends: list[HttpUrl] = Field(default_factory=list)
     discovery: DiscoveryConfig | None = None
@@ -114,16 +116,17 @@ class PoolConfig(Strict):
     max_connections: int = Field(1024, ge=1)
     vllm: VllmSettings = VllmSettings()
     admission: PoolAdmission = PoolAdmission()
+    tls: UpstreamTlsConfig | None = None
 
     @field_validator("backends")
     @classmethod
-    def _plain_http_origins(cls, urls: list[HttpUrl]) -> list[HttpUrl]:
+    def _origins(cls, urls: list[HttpUrl]) -> list[HttpUrl]:
         for url in urls:
-            if url.scheme != "http":
-                raise ValueError(f"{url}: only http:// backends are supported")
+            if url.scheme not in ("http", "https"):
+                raise ValueError(f"{url}: backends are http:// or https:// origins")
             if url.path not in (None, "", "/") or url.query or url.fragment or url.username or url.password:
                 raise ValueError(
-                    f"{url}: a backend is an origin (http://host:port), "
+                    f"{url}: a backend is an origin (http://host:port or https://host:port), "
                     "without path, query, fragment or credentials"
                 )
         return urls
@@ -137,7 +140,14 @@ class PoolConfig(Strict):
     @property
     def origins(self) -> tuple[str, ...]:
         """The listed backends' origins (none for a pool found by discovery)."""
-        return tuple(f"http://{u.host}:{u.port}" for u in self.backends)
+        return tuple(f"{u.scheme}://{u.host}:{u.port}" for u in self.backends)
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether any backend of the pool is reached over TLS."""
+        if self.discovery is not None:
+            return self.discovery.scheme == "https"
+        return any(u.scheme == "https" for u in self.backends)
 
     @property
     def models(self) -> tuple[str, ...]:

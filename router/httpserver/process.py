@@ -12,6 +12,7 @@ from typing import Any
 
 from router.httpserver.config import ServerConfig
 from router.httpserver.server import HttpServer
+from router.httpserver.tls import TlsTermination
 
 log = logging.getLogger("lane_router.http")
 
@@ -25,7 +26,7 @@ async def serve(
     host: str | None = "127.0.0.1",
     port: int = 0,
     sock: socket.socket | None = None,
-    ssl: ssl_module.SSLContext | None = None,
+    ssl: ssl_module.SSLContext | TlsTermination | None = None,
 ) -> None:
     server = HttpServer(app, config, ssl=ssl)
     await server.start(host, port, sock=sock)

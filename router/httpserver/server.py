@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as ssl_module
+from collections.abc import Callable
 from typing import Any
 
 from router.httpserver.config import ServerConfig
 from router.httpserver.connection import Connection
 from router.httpserver.context import ServerContext
 from router.httpserver.lifespan import Lifespan
+from router.httpserver.tls import TlsAcceptor, TlsTermination
 
 # After the cancellation at the grace deadline: how long the apps get to unwind, and how long
 # the connections get to deliver their last bytes before they are reset.
@@ -23,13 +25,21 @@ FLUSH_S = 2.0
 
 
 class HttpServer:
-    __slots__ = ("_ctx", "_lifespan", "_listener", "_port", "_ssl", "config")
+    """`ssl`: serve TLS (router/httpserver/tls.py) with this context, or with the one a
+    `TlsTermination` holds when each connection arrives."""
+
+    __slots__ = ("_ctx", "_lifespan", "_listener", "_port", "_tls", "_tls_acceptor", "config")
 
     def __init__(
-        self, app: Any, config: ServerConfig | None = None, *, ssl: ssl_module.SSLContext | None = None
+        self,
+        app: Any,
+        config: ServerConfig | None = None,
+        *,
+        ssl: ssl_module.SSLContext | TlsTermination | None = None,
     ) -> None:
         self.config = config or ServerConfig()
-        self._ssl = ssl
+        self._tls = TlsTermination(ssl) if isinstance(ssl, ssl_module.SSLContext) else ssl
+        self._tls_acceptor: TlsAcceptor | None = None
         self._ctx = ServerContext(app, self.config, "https" if ssl is not None else "http")
         self._lifespan = Lifespan(app)
         self._listener: asyncio.Server | None = None
@@ -43,15 +53,17 @@ class HttpServer:
         await self._lifespan.startup()
         loop = asyncio.get_running_loop()
         ctx = self._ctx
-        options: dict[str, Any] = {"ssl": self._ssl, "backlog": self.config.backlog}
-        if self._ssl is not None:
-            options["ssl_handshake_timeout"] = self.config.head_timeout_s
+        backlog = self.config.backlog
+        factory: Callable[[], asyncio.Protocol] = lambda: Connection(ctx, loop)  # noqa: E731
+        if self._tls is not None:
+            self._tls_acceptor = TlsAcceptor(self._tls, ctx, loop, lambda: Connection(ctx, loop))
+            factory = self._tls_acceptor.protocol
         try:
             if sock is not None:
-                self._listener = await loop.create_server(lambda: Connection(ctx, loop), sock=sock, **options)
+                self._listener = await loop.create_server(factory, sock=sock, backlog=backlog)
             else:
                 self._listener = await loop.create_server(
-                    lambda: Connection(ctx, loop), host, port, reuse_address=True, **options
+                    factory, host, port, reuse_address=True, backlog=backlog
                 )
         except BaseException:
             await self._lifespan.shutdown()
@@ -86,6 +98,8 @@ class HttpServer:
         ctx.closing = True
         if self._listener is not None:
             self._listener.close()
+        if self._tls_acceptor is not None:
+            self._tls_acceptor.close()
         try:
             for conn in list(ctx.connections):
                 conn.shutdown()

@@ -15,26 +15,27 @@ class Origin:
     host: str
     port: int
     host_header: bytes
+    tls: bool = False
 
     def __str__(self) -> str:
-        return "http://" + self.host_header.decode("ascii")
+        return ("https://" if self.tls else "http://") + self.host_header.decode("ascii")
 
 
 def parse_origin(origin: str) -> Origin:
-    """`http://host[:port]` → Origin; anything else is a ValueError."""
+    """`http://host[:port]` or `https://host[:port]` → Origin; anything else is a ValueError."""
     parts = urlsplit(origin)
-    if parts.scheme == "https":
-        raise ValueError(f"https origins are not supported (plain HTTP/1.1 only): {origin!r}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"origin must look like http://host:port, got {origin!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"origin must look like http://host:port or https://host:port, got {origin!r}")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         raise ValueError(f"origin must not carry a path, query or credentials: {origin!r}")
+    tls = parts.scheme == "https"
     host = parts.hostname
-    port = parts.port or 80
+    default_port = 443 if tls else 80
+    port = parts.port or default_port
     host_header = f"[{host}]" if ":" in host else host
-    if port != 80:
+    if port != default_port:
         host_header += f":{port}"
-    return Origin(host=host, port=port, host_header=host_header.encode("ascii"))
+    return Origin(host=host, port=port, host_header=host_header.encode("ascii"), tls=tls)
 
 
 def build_head(

@@ -8,7 +8,11 @@
     finally:
         await response.aclose()          # keep-alive if fully read, else the socket closes at once
 
-Plain TCP only. Idle connections are reused most-recent first, so surplus ones age out after
+An `https://` origin is reached over TLS: the connection is handed to the exchange only once
+the handshake completed, so a backend whose certificate fails verification never receives a
+byte of the request (`UpstreamTlsError`, router/tls/upstream.py).
+
+Idle connections are reused most-recent first, so surplus ones age out after
 `idle_expiry`; the backend closing an idle one is noticed at once and it leaves the pool. Keep
 `idle_expiry` below the backend's own keep-alive timeout (uvicorn's, under vLLM, is 5 s): a request
 written just as the backend closes the connection is lost, and is never sent a second time — the
@@ -21,15 +25,18 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from router.errors import UpstreamConnectError
 from router.proxy.http1 import build_head, parse_origin
 from router.proxy.limits import ResponseLimits
 from router.proxy.upstream_connection import UpstreamConnection
+from router.tls.upstream import handshake_failure
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
 _TIMER_SLACK = 0.005
@@ -45,7 +52,10 @@ class PoolStats:
 
 
 class UpstreamPool:
-    """Keep-alive connection pool to one origin (http://host:port), HTTP/1.1 over plain TCP.
+    """Keep-alive connection pool to one origin (http://host:port or https://host:port).
+
+    For https, `ssl` is the context (default: the system's CAs) and `server_hostname` the name
+    sent as SNI and checked against the certificate (default: the origin's host).
 
     Time and size limits are those of `ResponseLimits`; `head_timeout` defaults to `read_timeout`.
     `label` names the origin in error messages (default: the origin itself); those messages may
@@ -65,6 +75,8 @@ class UpstreamPool:
         max_head_bytes: int = 64 * 1024,
         max_headers: int = 100,
         label: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         if max_connections < 1 or max_idle < 0:
             raise ValueError("max_connections must be ≥ 1 and max_idle ≥ 0")
@@ -79,6 +91,16 @@ class UpstreamPool:
             max_head_bytes=max_head_bytes,
             max_headers=max_headers,
         )
+        self._tls: dict[str, Any] = {}
+        if self._origin.tls:
+            context = ssl_context if ssl_context is not None else ssl.create_default_context()
+            name = server_hostname or self._origin.host
+            # The handshake is bounded by the connect timeout around it; this is only a backstop.
+            self._tls = {
+                "ssl": context,
+                "server_hostname": name,
+                "ssl_handshake_timeout": connect_timeout + 1,
+            }
         self._max_connections = max_connections
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
@@ -203,7 +225,9 @@ class UpstreamPool:
         origin = self._origin
         try:
             async with asyncio.timeout(self._connect_timeout):
-                await loop.create_connection(lambda: conn, origin.host, origin.port)
+                await loop.create_connection(lambda: conn, origin.host, origin.port, **self._tls)
+        except ssl.SSLError as exc:
+            raise handshake_failure(exc, self._label) from None
         except TimeoutError:
             msg = f"{self._label}: connecting timed out after {self._connect_timeout:g}s"
             raise UpstreamConnectError(msg) from None
