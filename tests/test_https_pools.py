@@ -137,5 +137,3 @@ async def test_without_the_client_certificate_such_a_backend_sees_nothing(tmp_pa
         assert answer.status_code == 502
         assert stack.backend_health() is not Health.UP
     assert stack.backend.seen == []
-
-

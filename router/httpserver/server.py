@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as ssl_module
-from collections.abc import Callable
 from typing import Any
 
 from router.httpserver.config import ServerConfig
 from router.httpserver.connection import Connection
 from router.httpserver.context import ServerContext
 from router.httpserver.lifespan import Lifespan
-from router.httpserver.tls import TlsAcceptor, TlsTermination
+from router.httpserver.tls import TlsListener, TlsTermination, listening_socket
 
 # After the cancellation at the grace deadline: how long the apps get to unwind, and how long
 # the connections get to deliver their last bytes before they are reset.
@@ -28,7 +27,7 @@ class HttpServer:
     """`ssl`: serve TLS (router/httpserver/tls.py) with this context, or with the one a
     `TlsTermination` holds when each connection arrives."""
 
-    __slots__ = ("_ctx", "_lifespan", "_listener", "_port", "_tls", "_tls_acceptor", "config")
+    __slots__ = ("_ctx", "_lifespan", "_listener", "_port", "_tls", "config")
 
     def __init__(
         self,
@@ -39,10 +38,9 @@ class HttpServer:
     ) -> None:
         self.config = config or ServerConfig()
         self._tls = TlsTermination(ssl) if isinstance(ssl, ssl_module.SSLContext) else ssl
-        self._tls_acceptor: TlsAcceptor | None = None
         self._ctx = ServerContext(app, self.config, "https" if ssl is not None else "http")
         self._lifespan = Lifespan(app)
-        self._listener: asyncio.Server | None = None
+        self._listener: asyncio.Server | TlsListener | None = None
         self._port = 0
 
     async def start(
@@ -54,12 +52,12 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         ctx = self._ctx
         backlog = self.config.backlog
-        factory: Callable[[], asyncio.Protocol] = lambda: Connection(ctx, loop)  # noqa: E731
-        if self._tls is not None:
-            self._tls_acceptor = TlsAcceptor(self._tls, ctx, loop, lambda: Connection(ctx, loop))
-            factory = self._tls_acceptor.protocol
+        factory = lambda: Connection(ctx, loop)  # noqa: E731
         try:
-            if sock is not None:
+            if self._tls is not None:
+                sockets = (sock if sock is not None else listening_socket(host, port, backlog),)
+                self._listener = TlsListener(self._tls, ctx, loop, factory, sockets)
+            elif sock is not None:
                 self._listener = await loop.create_server(factory, sock=sock, backlog=backlog)
             else:
                 self._listener = await loop.create_server(
@@ -98,8 +96,6 @@ class HttpServer:
         ctx.closing = True
         if self._listener is not None:
             self._listener.close()
-        if self._tls_acceptor is not None:
-            self._tls_acceptor.close()
         try:
             for conn in list(ctx.connections):
                 conn.shutdown()

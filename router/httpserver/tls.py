@@ -1,24 +1,29 @@
 """TLS termination: each accepted socket's handshake, under the head deadline, before the HTTP
 connection (router/httpserver/connection.py) sees it.
 
-A `Handshake` is the accepted socket's first protocol. It stops reading at once and runs
-`loop.start_tls` with the context the `TlsTermination` holds at that moment, so a context
-swapped in (a reloaded certificate) serves the next connections while open ones keep theirs.
-Only a completed handshake gets a `Connection`; a failed one is closed and reported once, with
-a reason from a fixed few, to `on_failure` — never per byte or per record. A client that never
-finishes its handshake is closed at `head_timeout_s`, as one that never finishes its head would
-be, and handshakes in progress count against `max_connections`."""
+A `TlsListener` accepts on the listening sockets itself and hands each new socket to the event
+loop's TLS with the context the `TlsTermination` holds at that moment (`connect_accepted_socket`),
+so a context swapped in (a reloaded certificate) serves the next connections while open ones keep
+theirs. The `Connection` is made only once the handshake completed. A failed one is closed and
+reported once, with a reason from a fixed few, to `on_failure` — never per byte or record. A
+client that never finishes its handshake is closed at `head_timeout_s`, as one that never
+finishes its head would be, and handshakes in progress count against `max_connections`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import socket
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from router.httpserver.connection import Connection
     from router.httpserver.context import ServerContext
+
+log = logging.getLogger("lane_router.http")
 
 # The reasons a handshake failed, as `on_failure` is told them.
 TIMEOUT = "handshake_timeout"
@@ -81,10 +86,11 @@ def failure_reason(exc: BaseException) -> str:
     return FAILED
 
 
-class TlsAcceptor:
-    """A server's handshakes in progress; `protocol` is the listener's protocol factory."""
+class TlsListener:
+    """Accepts on `sockets` until closed; each accepted socket's handshake runs in a task of its
+    own. Has what the server uses of an `asyncio.Server`: `sockets`, `close`, `wait_closed`."""
 
-    __slots__ = ("_ctx", "_loop", "_make", "pending", "tls")
+    __slots__ = ("_accepting", "_ctx", "_loop", "_make", "handshakes", "sockets", "tls")
 
     def __init__(
         self,
@@ -92,110 +98,77 @@ class TlsAcceptor:
         ctx: ServerContext,
         loop: asyncio.AbstractEventLoop,
         make_connection: Callable[[], Connection],
+        sockets: tuple[socket.socket, ...],
     ) -> None:
         self.tls = tls
+        self.sockets = sockets
         self._ctx = ctx
         self._loop = loop
         self._make = make_connection
-        self.pending: set[Handshake] = set()
+        self.handshakes: set[asyncio.Task[None]] = set()
+        for sock in sockets:
+            sock.setblocking(False)
+            sock.listen(ctx.config.backlog)  # one already listening (a worker's) takes the backlog
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
 
-    def protocol(self) -> Handshake:
-        return Handshake(self)
-
-    def full(self) -> bool:
+    def _full(self) -> bool:
         ctx = self._ctx
         limit = ctx.config.max_connections
-        return ctx.closing or bool(limit and len(ctx.connections) + len(self.pending) >= limit)
+        return ctx.closing or bool(limit and len(ctx.connections) + len(self.handshakes) >= limit)
+
+    async def _accept(self, listening: socket.socket) -> None:
+        loop = self._loop
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listening)
+            except OSError as err:  # out of descriptors, say: the next accept may succeed
+                log.warning("accepting a connection failed: %s", err)
+                await asyncio.sleep(0.1)
+                continue
+            if self._full():
+                sock.close()
+                continue
+            task = loop.create_task(self._handshake(sock))
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        """The event loop's TLS owns `sock` from here: it closes it whatever ends the handshake."""
+        timeout = self._ctx.config.head_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                # The loop's own limit only backs ours up.
+                await self._loop.connect_accepted_socket(
+                    self._make, sock, ssl=self.tls.context, ssl_handshake_timeout=timeout + 1
+                )
+        except Exception as exc:  # whatever ended it, it is reported once
+            self.tls.failed(failure_reason(exc))
 
     def close(self) -> None:
-        """The server stops: handshakes in progress end now."""
-        for handshake in list(self.pending):
-            handshake.cancel()
+        """Stop accepting and end the handshakes in progress; the sockets close."""
+        for task in (*self._accepting, *self.handshakes):
+            task.cancel()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
 
-    async def handshake(self, transport: asyncio.Transport, early: EarlyData) -> asyncio.Transport:
-        """The TLS transport of `transport`, once its handshake completed in time."""
-        timeout = self._ctx.config.head_timeout_s
-        async with asyncio.timeout(timeout):
-            tls_transport = await self._loop.start_tls(
-                transport, early, self.tls.context, server_side=True, ssl_handshake_timeout=timeout + 1
-            )
-        if tls_transport is None:
-            raise ConnectionResetError("closed during the handshake")
-        return tls_transport
-
-    def run(self, transport: asyncio.Transport, handshake: Handshake) -> asyncio.Task[None]:
-        self.pending.add(handshake)
-        return self._loop.create_task(self._serve(transport, handshake))
-
-    async def _serve(self, transport: asyncio.Transport, handshake: Handshake) -> None:
-        early = EarlyData()
-        try:
-            tls_transport = await self.handshake(transport, early)
-        except asyncio.CancelledError:
-            transport.abort()
-            raise
-        except Exception as exc:  # whatever ended it, the socket is closed and reported once
-            transport.abort()
-            self.tls.failed(failure_reason(exc))
-            return
-        finally:
-            self.pending.discard(handshake)
-        conn = self._make()
-        tls_transport.set_protocol(conn)
-        conn.connection_made(tls_transport)
-        early.hand_over(conn)
+    async def wait_closed(self) -> None:
+        await asyncio.gather(*self._accepting, *self.handshakes, return_exceptions=True)
 
 
-class EarlyData(asyncio.Protocol):
-    """Holds what the TLS layer delivers between the handshake's end and the HTTP connection's
-    start (the request often comes with the client's last handshake flight), then replays it.
-    That is one turn of the event loop, so at most a few records."""
-
-    __slots__ = ("_chunks", "_eof", "_lost")
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._eof = False
-        self._lost: tuple[Exception | None] | None = None
-
-    def data_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = (exc,)
-
-    def hand_over(self, conn: Connection) -> None:
-        for chunk in self._chunks:
-            conn.data_received(chunk)
-        self._chunks.clear()
-        if self._eof:
-            conn.eof_received()
-        if self._lost is not None:
-            conn.connection_lost(self._lost[0])
-
-
-class Handshake(asyncio.Protocol):
-    """An accepted socket until its handshake runs: it reads nothing."""
-
-    __slots__ = ("_acceptor", "_task")
-
-    def __init__(self, acceptor: TlsAcceptor) -> None:
-        self._acceptor = acceptor
-        self._task: asyncio.Task[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        acceptor = self._acceptor
-        if acceptor.full():
-            transport.close()
-            return
-        stream = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        stream.pause_reading()  # no byte may be read before the TLS layer takes the socket over
-        self._task = acceptor.run(stream, self)
-
-    def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+def listening_socket(host: str | None, port: int, backlog: int) -> socket.socket:
+    """A socket bound to `host`:`port` and listening, as the event loop's servers bind theirs."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

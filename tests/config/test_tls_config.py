@@ -73,7 +73,11 @@ def test_verification_cannot_be_turned_off() -> None:
     ("block", "path", "fragment"),
     [
         ({"ca_file": "/nonexistent/ca.pem"}, "pools.interactive.tls.ca_file", "cannot read"),
-        ({"client_cert_file": "/x.pem"}, "pools.interactive.tls", "both client_cert_file and client_key_file"),
+        (
+            {"client_cert_file": "/x.pem"},
+            "pools.interactive.tls",
+            "both client_cert_file and client_key_file",
+        ),
         ({"insecure": True}, "pools.interactive.tls.insecure", "unknown key"),
         ({"server_name": "has space"}, "pools.interactive.tls.server_name", "pattern"),
     ],
@@ -105,7 +109,9 @@ def test_files_that_are_not_certificates_are_refused_with_their_field(tmp_path: 
 def test_a_tls_block_on_a_pool_without_https_backends_is_refused() -> None:
     data = profile(["http://127.0.0.1:8101"])
     _pool(data)["tls"] = {"server_name": "vllm.internal"}
-    assert _issues(data) == [("pools.interactive.tls", "applies only to https:// backends (the pool has none)")]
+    assert _issues(data) == [
+        ("pools.interactive.tls", "applies only to https:// backends (the pool has none)")
+    ]
 
 
 def test_check_prints_each_pools_tls(tmp_path: Path) -> None:
