@@ -28,7 +28,7 @@ SERVE = """
 import json, sys
 import router.server
 built = {}
-router.server.run = lambda app, settings: built.update(app=app, settings=settings)
+router.server.run = lambda app, settings, tls=None: built.update(app=app, settings=settings)
 from router.cli import main
 code = main(["serve", "--config", sys.argv[1], "--port", "0"])
 app = built["app"]

@@ -90,7 +90,15 @@ def test_parse_origin() -> None:
     assert parse_origin("http://backend").host_header == b"backend"
     v6 = parse_origin("http://[::1]:9000")
     assert (v6.host, v6.port, v6.host_header) == ("::1", 9000, b"[::1]:9000")
-    for bad in ("https://x:1", "ftp://x", "x:1", "http://x:1/v1", "http://u:p@x:1"):
+    secure = parse_origin("https://vllm.internal")
+    assert (secure.tls, secure.port, secure.host_header, str(secure)) == (
+        True,
+        443,
+        b"vllm.internal",
+        "https://vllm.internal",
+    )
+    assert parse_origin("https://10.0.0.1:8443").host_header == b"10.0.0.1:8443"
+    for bad in ("ftp://x", "x:1", "http://x:1/v1", "http://u:p@x:1", "https://x:1/v1"):
         with pytest.raises(ValueError):
             UpstreamPool(bad)
 
