@@ -184,6 +184,11 @@ def pool_notes(plans: Sequence[PoolPlan]) -> list[str]:
                 "no upstream key: its servers answer anyone who can reach them; "
                 "only the network boundary protects them"
             )
+        if p.pool.uses_tls:
+            texts.append(
+                "the deployment's own vLLM servers are reached in plain HTTP on its private network: "
+                "the pool's https backends and tls: block (CA, client certificate) are not rendered"
+            )
         for text in texts:
             by_text.setdefault(text, []).append(p.name)
     return [f"{'pool' if len(n) == 1 else 'pools'} {', '.join(n)}: {text}" for text, n in by_text.items()]
@@ -204,7 +209,9 @@ def deployed_profile(
     if redis_url is not None and deploys_redis(cfg):
         data["state"]["redis_url"] = redis_url
     for p in plans:
-        rest = {k: v for k, v in data["pools"][p.name].items() if k not in ("backends", "discovery")}
+        # The deployment's servers speak plain HTTP on its private network: no backend TLS.
+        dropped = ("backends", "discovery", "tls")
+        rest = {k: v for k, v in data["pools"][p.name].items() if k not in dropped}
         pool = data["pools"][p.name] = {**sources[p.name], **rest}
         if p.key_env is not None:
             pool.pop("upstream_api_key", None)

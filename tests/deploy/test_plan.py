@@ -4,6 +4,7 @@ profile as the deployed router reads it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from router.config.load import ConfigError, parse_profile
 from router.config.render import RenderError, pool_serve_args
 from router.deploy.plan import deployed_profile, env_name, plan_pools, pool_notes, slug
 from tests.deploy.samples import cfg, small
+from tests.tlscerts import TestCA
 
 
 def test_slug_is_a_dns_label() -> None:
@@ -141,3 +143,19 @@ def test_a_pool_may_be_deployed_found_by_dns_in_place_of_its_list() -> None:
     assert "backends" not in data["pools"]["chat"]
     chat = parse_profile(data).pools["chat"]
     assert chat.discovery is not None and chat.discovery.dns == "chat.svc" and chat.backends == []
+
+
+def test_a_pool_with_https_backends_is_deployed_on_plain_http_and_says_so(tmp_path: Path) -> None:
+    ca = TestCA(tmp_path)
+    data = small()
+    data["pools"]["chat"]["backends"] = ["https://vllm-a.internal:8443"]
+    data["pools"]["chat"]["tls"] = {"ca_file": str(ca.ca_file)}
+    profile = cfg(data)
+    plans = plan_pools(profile, "gpu")
+
+    deployed = deployed_profile(profile, plans, listed(chat="http://c:1", bulk="http://b:1"))
+
+    assert "tls" not in deployed["pools"]["chat"]
+    assert str(ca.ca_file) not in repr(deployed)
+    [note] = [n for n in pool_notes(plans) if "plain HTTP" in n]
+    assert note.startswith("pool chat: the deployment's own vLLM servers are reached in plain HTTP")
