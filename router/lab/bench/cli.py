@@ -84,6 +84,11 @@ def _register_overhead(sub: Any) -> None:
         help="instead: the router as one process against `serve --workers N` (both ways of sharing the port)",
     )
     overhead.add_argument("--rounds", type=int, default=2, help="with --workers: alternations (default 2)")
+    overhead.add_argument(
+        "--tls",
+        action="store_true",
+        help="the router serves TLS (a certificate made for the run) to the load client; backends stay HTTP",
+    )
     overhead.set_defaults(func=cmd_overhead)
 
 
@@ -222,7 +227,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         totals = workers_overhead.run(args.workers, args.scale, max(1, args.rounds))
         print(workers_overhead.render(args.workers, totals))
         return 0 if all(t.errors == 0 for t in totals.values()) else 1
-    rows = run(scale=args.scale)
+    rows = run(scale=args.scale, tls=args.tls)
     print(render(rows))
     return 0 if all(r.routed.errors == 0 and r.direct.errors == 0 for r in rows) else 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import sys
 import tempfile
 import time
@@ -20,6 +21,7 @@ import orjson
 import yaml
 
 from router.auth import hash_key, new_key
+from router.lab.bench.tlscerts import run_certificates
 from router.lab.procs import child_process
 from router.proxy.upstream import UpstreamPool
 
@@ -75,8 +77,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def wait_up(origin: str, path: bytes = b"/health") -> None:
-    pool = UpstreamPool(origin, connect_timeout=0.5)
+async def wait_up(origin: str, path: bytes = b"/health", tls: ssl.SSLContext | None = None) -> None:
+    pool = UpstreamPool(origin, connect_timeout=0.5, ssl_context=tls)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -112,7 +114,7 @@ def bench_profile(backend: str, key: str, fields: Mapping[str, object] | None = 
     }
 
 
-async def load(origin: str, sc: Scenario, count: int, key: str) -> Sample:
+async def load(origin: str, sc: Scenario, count: int, key: str, tls: ssl.SSLContext | None = None) -> Sample:
     body = orjson.dumps(
         {
             "model": MODEL,
@@ -122,7 +124,7 @@ async def load(origin: str, sc: Scenario, count: int, key: str) -> Sample:
         }
     )
     headers = [(b"authorization", b"Bearer " + key.encode()), (b"content-type", b"application/json")]
-    pool = UpstreamPool(origin, max_connections=sc.concurrency * 2, read_timeout=30)
+    pool = UpstreamPool(origin, max_connections=sc.concurrency * 2, read_timeout=30, ssl_context=tls)
     sample = Sample([], [], 0, 0, 0.0)
     remaining = count
 
@@ -173,9 +175,9 @@ async def _scenario(sc: Scenario, pair: Pair, scale: float, key: str) -> Row:
     warm = max(sc.concurrency, count // 10)
     await load(backend, sc, warm, key)
     direct = await load(backend, sc, count, key)
-    await load(router, sc, warm, key)
+    await load(router, sc, warm, key, pair.tls)
     cpu0 = cpu_seconds(pair.router_pid)
-    routed = await load(router, sc, count, key)
+    routed = await load(router, sc, count, key, pair.tls)
     cpu = cpu_seconds(pair.router_pid) - cpu0
     return Row(sc, direct, routed, cpu)
 
@@ -187,38 +189,54 @@ class Pair:
     backend: str
     router: str
     router_pid: int
+    tls: ssl.SSLContext | None = None  # the client's, when the router serves TLS
 
 
-def run(scale: float = 1.0, scenarios: tuple[Scenario, ...] = SCENARIOS) -> list[Row]:
+def run(scale: float = 1.0, scenarios: tuple[Scenario, ...] = SCENARIOS, *, tls: bool = False) -> list[Row]:
+    """With `tls` the routers serve TLS (a certificate made for the run) and the load client
+    speaks it to them over kept-alive connections; the backends stay plain HTTP."""
     py = sys.executable
     key = new_key()  # made for this run: nothing published opens these routers
     zero_port, paced_port, r_zero, r_paced = (free_port() for _ in range(4))
     with tempfile.TemporaryDirectory() as tmp:
+        certs = run_certificates(Path(tmp)) if tls else None
         cfg_zero, cfg_paced = Path(tmp, "zero.yaml"), Path(tmp, "paced.yaml")
         cfg_zero.write_text(yaml.safe_dump(bench_profile(_url(zero_port), key)))
         cfg_paced.write_text(yaml.safe_dump(bench_profile(_url(paced_port), key)))
         backend = [py, "-m", "router.lab.bench.zero_backend"]
-        serve = [py, "-m", "router", "serve", "--log-level", "warning"]
+        serve = [
+            py,
+            "-m",
+            "router",
+            "serve",
+            "--log-level",
+            "warning",
+            *(certs.serve_args() if certs else []),
+        ]
+        client = certs.client if certs else None
+        scheme = "https" if certs else "http"
         with (
             child_process([*backend, "--port", str(zero_port)]),
             child_process([*backend, "--port", str(paced_port), "--ttft-ms", "20", "--itl-ms", "5"]),
             child_process([*serve, "--config", str(cfg_zero), "--port", str(r_zero)]) as router_zero,
             child_process([*serve, "--config", str(cfg_paced), "--port", str(r_paced)]) as router_paced,
         ):
-            zero = Pair(_url(zero_port), _url(r_zero), router_zero.pid)
-            paced = Pair(_url(paced_port), _url(r_paced), router_paced.pid)
+            zero = Pair(_url(zero_port), _url(r_zero, scheme), router_zero.pid, client)
+            paced = Pair(_url(paced_port), _url(r_paced, scheme), router_paced.pid, client)
             return asyncio.run(_run_all(scenarios, scale, key, zero, paced))
 
 
-def _url(port: int) -> str:
-    return f"http://127.0.0.1:{port}"
+def _url(port: int, scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{port}"
 
 
 async def _run_all(
     scenarios: tuple[Scenario, ...], scale: float, key: str, zero: Pair, paced: Pair
 ) -> list[Row]:
-    for origin in (zero.backend, paced.backend, zero.router, paced.router):
+    for origin in (zero.backend, paced.backend):
         await wait_up(origin)
+    for pair in (zero, paced):
+        await wait_up(pair.router, tls=pair.tls)
     rows = []
     for sc in scenarios:
         pair = paced if sc.paced else zero
