@@ -89,6 +89,12 @@ def _register_overhead(sub: Any) -> None:
         action="store_true",
         help="the router serves TLS (a certificate made for the run) to the load client; backends stay HTTP",
     )
+    overhead.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="instead of the usual loads: one client opening a new connection per request "
+        "(with --tls, the cost of a handshake)",
+    )
     overhead.set_defaults(func=cmd_overhead)
 
 
@@ -227,7 +233,9 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         totals = workers_overhead.run(args.workers, args.scale, max(1, args.rounds))
         print(workers_overhead.render(args.workers, totals))
         return 0 if all(t.errors == 0 for t in totals.values()) else 1
-    rows = run(scale=args.scale, tls=args.tls)
+    from router.lab.bench.overhead import FRESH, SCENARIOS
+
+    rows = run(scale=args.scale, scenarios=FRESH if args.new_connections else SCENARIOS, tls=args.tls)
     print(render(rows))
     return 0 if all(r.routed.errors == 0 and r.direct.errors == 0 for r in rows) else 1
 

@@ -36,6 +36,7 @@ class Scenario:
     requests: int
     max_tokens: int
     paced: bool = False  # backend with 20 ms TTFT and 5 ms between tokens
+    fresh: bool = False  # a new connection per request (with TLS: a handshake each)
 
 
 SCENARIOS = (
@@ -44,6 +45,7 @@ SCENARIOS = (
     Scenario("stream 64 tok c=32", True, 32, 1000, 64),
     Scenario("stream 20ms/5ms c=64", True, 64, 640, 64, paced=True),
 )
+FRESH = (Scenario("non-stream c=1 new conn", False, 1, 1000, 16, fresh=True),)
 
 
 @dataclass
@@ -124,7 +126,10 @@ async def load(origin: str, sc: Scenario, count: int, key: str, tls: ssl.SSLCont
         }
     )
     headers = [(b"authorization", b"Bearer " + key.encode()), (b"content-type", b"application/json")]
-    pool = UpstreamPool(origin, max_connections=sc.concurrency * 2, read_timeout=30, ssl_context=tls)
+    idle = 0 if sc.fresh else sc.concurrency * 2
+    pool = UpstreamPool(
+        origin, max_connections=sc.concurrency * 2, max_idle=idle, read_timeout=30, ssl_context=tls
+    )
     sample = Sample([], [], 0, 0, 0.0)
     remaining = count
 
