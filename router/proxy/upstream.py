@@ -54,8 +54,8 @@ class PoolStats:
 class UpstreamPool:
     """Keep-alive connection pool to one origin (http://host:port or https://host:port).
 
-    For https, `ssl` is the context (default: the system's CAs) and `server_hostname` the name
-    sent as SNI and checked against the certificate (default: the origin's host).
+    For https, `ssl_context` is the context (default: the system's CAs) and `server_hostname` the
+    name sent as SNI and checked against the certificate (default: the origin's host).
 
     Time and size limits are those of `ResponseLimits`; `head_timeout` defaults to `read_timeout`.
     `label` names the origin in error messages (default: the origin itself); those messages may
