@@ -209,8 +209,11 @@ async def test_sighup_swaps_the_certificate_and_keeps_it_when_the_new_one_is_unu
     assert "TLS reload refused, the previous certificate keeps serving: --tls-cert" in router.log.read_text()
 
 
-async def test_every_worker_serves_tls_and_reloads_its_certificate(tmp_path: Path, backend_url: str) -> None:
-    async with tls_router(tmp_path, backend_url, workers=2) as router:
+@pytest.mark.parametrize("sockets", ["reuseport", "inherit"])
+async def test_every_worker_serves_tls_and_reloads_its_certificate(
+    tmp_path: Path, backend_url: str, sockets: str
+) -> None:
+    async with tls_router(tmp_path, backend_url, workers=2, LANE_ROUTER_WORKER_SOCKETS=sockets) as router:
         await router.until_every_worker_ready(2)
         renewed = router.ca.issue("127.0.0.1")
         install(renewed, router.cert, router.key)
