@@ -75,10 +75,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def wait_up(origin: str, path: bytes = b"/health") -> None:
+async def wait_up(origin: str, path: bytes = b"/health", timeout_s: float = 20.0) -> None:
     pool = UpstreamPool(origin, connect_timeout=0.5)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 resp = await pool.request(b"GET", path, [], b"")
