@@ -1,7 +1,8 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
-uvloop, plus the background work of a live router — health probes, the profile-file watcher and
-SIGHUP reload. With `--workers N` this process supervises N workers (router/workers.py), each of
-which runs here with its worker side (router/workerlink.py)."""
+uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
+load scrapes, the profile-file watcher and SIGHUP reload, all started and stopped here. With
+`--workers N` this process supervises N workers (router/workers.py), each of which runs here with
+its worker side (router/workerlink.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from router import httpserver
 from router.app import LaneRouterApp
 from router.config.load import load_profile
 from router.config.models import ProfileConfig
+from router.discovery import Discovery
 from router.errors import Unavailable, error_event
 from router.health import HealthChecker
 from router.metrics import Metrics
@@ -75,6 +77,9 @@ async def background(
         await worker.start()
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
+    # A backend discovery finds is probed at once, and joins the rotation once healthy.
+    discovery = Discovery(lambda: state.runtime, state.metrics, checker.probe_joined)
+    discovery.start()
     scraper = LoadScraper(lambda: state.runtime)
     scraper.start()
     tasks: list[asyncio.Task[None]] = []
@@ -97,6 +102,7 @@ async def background(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await scraper.stop()
+        await discovery.stop()  # before the checker, whose first probes it starts
         await checker.stop()
         await state.aclose()
         if worker is not None:

@@ -106,3 +106,23 @@ def test_check_says_replicas_split_and_state_makes_parts_a_fallback(
     assert "1 worker in each of 3 replicas" in out and "while Redis is unreachable" in out
     assert "lanes.chat.max_in_flight" in out and "3   1" in out
     assert "each of the 3 replicas gets 0" in out
+
+
+def test_check_warns_that_rate_limits_are_counted_per_process_without_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = shaped()
+    keys = data["keys"]
+    assert isinstance(keys, list)
+    keys[0] = {**keys[0], "rpm": 60}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["check", str(path), "--workers", "3"]) == 0
+    name = keys[0]["name"]
+    assert f"keys.{name}: without state: each of the 3 processes counts its rpm/tpm/max_concurrency" in (
+        capsys.readouterr().out
+    )
+
+    path.write_text(yaml.safe_dump({**data, "state": {"redis_url": "redis://127.0.0.1:6379/0"}}))
+    assert main(["check", str(path), "--workers", "3"]) == 0
+    assert "counts its rpm" not in capsys.readouterr().out  # shared in Redis: exact
