@@ -20,6 +20,7 @@ import uvloop
 
 from router import httpserver
 from router.app import LaneRouterApp
+from router.config.checks import budget_warnings
 from router.config.load import load_profile
 from router.config.models import ProfileConfig
 from router.discovery import Discovery
@@ -144,6 +145,7 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     if settings.workers > 1 and not settings.is_worker:
         if settings.config is None:
             raise ValueError("--workers needs a profile file (--config FILE or LANE_ROUTER_CONFIG)")
+        warn_of_parts(cfg if cfg is not None else load_profile(settings.config), settings.workers)
         try:
             return supervise(settings)
         except OSError as err:
@@ -152,6 +154,13 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
             ) from None
     run(build_app(settings, cfg), settings)
     return 0
+
+
+def warn_of_parts(cfg: ProfileConfig, workers: int) -> None:
+    """Log, once as the workers start, what `lane-router check --workers N` warns of: a worker
+    whose part of a limit is 0, and rate limits each worker counts alone without `state:`."""
+    for issue in budget_warnings(cfg, workers):
+        log.warning("%s", issue)
 
 
 def build_app(settings: Settings, cfg: ProfileConfig | None = None) -> Any:
