@@ -170,5 +170,4 @@ class Pool:
     def wake_waiters(self) -> None:
         """Offer room to queued requests now — after a limit rose or a backend joined — rather
         than at the next release."""
-        if self.gate.waiting:
-            self.gate._grant()
+        self.gate.wake()

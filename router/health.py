@@ -6,10 +6,10 @@ The state transitions are plain functions over a `Backend`; `HealthChecker` is t
 GETs are bounded in time and bytes (`router.probes`): a backend answering too much or too slowly
 fails the probe.
 
-The checker also runs the pools' discovery (router/discovery.py): a backend that discovery
-finds joins its pool's rotation after its first healthy probe, and that probe is made the
-moment it appears rather than at the next interval. A reload wakes the checker, so the backends
-it brings are probed at once too."""
+A backend that the pools' discovery (router/discovery.py, started beside the checker by
+router/server.py) finds joins its pool's rotation after its first healthy probe, and that probe
+is made the moment it appears (`probe_joined`) rather than at the next interval. A reload wakes
+the checker, so the backends it brings are probed at once too."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 
 from router.config.models import HealthConfig
-from router.discovery import Discovery
 from router.metrics import Metrics
 from router.probes import HEALTH_BYTES, INFO_BYTES, ProbeClient
 from router.runtime import Backend, Health, Pool, Runtime
@@ -74,8 +73,8 @@ def drift_findings(pool: Pool, version: str | None, models: dict[str, Any] | Non
 
 
 class HealthChecker:
-    """Probes every backend of the current runtime on an interval, until stopped; runs the
-    pools' discovery alongside."""
+    """Probes every backend of the current runtime on an interval, until stopped, and the
+    backends discovery finds as they appear."""
 
     def __init__(self, current: Callable[[], Runtime], metrics: Metrics) -> None:
         self._current = current
@@ -83,12 +82,10 @@ class HealthChecker:
         self._probes = ProbeClient()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._discovery = Discovery(current, metrics, self._probe_joined)
         self._first_probes: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="lane-router-health")
-        self._discovery.start()
 
     def poke(self) -> None:
         """Probe now (after a reload, say) instead of at the next interval."""
@@ -96,7 +93,6 @@ class HealthChecker:
 
     async def stop(self) -> None:
         try:
-            await self._discovery.stop()
             tasks = [t for t in (self._task, *self._first_probes) if t is not None]
             for task in tasks:
                 task.cancel()
@@ -121,7 +117,8 @@ class HealthChecker:
         ]
         await asyncio.gather(*jobs)
 
-    def _probe_joined(self, pool: Pool, backends: Sequence[Backend]) -> None:
+    def probe_joined(self, pool: Pool, backends: Sequence[Backend]) -> None:
+        """Probe backends discovery just found, now: each joins the rotation once healthy."""
         runtime = self._current()
         jobs = (self._probe(runtime, pool, b, check_drift=True) for b in backends)
         task = asyncio.create_task(_gather(jobs), name=f"first-probes-{pool.name}")

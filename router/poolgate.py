@@ -220,6 +220,12 @@ class PoolGate:
             waiter.ticket.lane.waiting -= 1
             self.waiting -= 1
 
+    def wake(self) -> None:
+        """Offer free slots to the waiters now — a limit rose, a backend joined the pool, or
+        another process freed a slot — rather than at this process's next release."""
+        if self.waiting:
+            self._grant()
+
     def _grant(self) -> None:
         """Hand free slots to waiters in order, skipping those blocked for a known reason."""
         budget = _SCAN_LIMIT

@@ -1,7 +1,8 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
-uvloop, plus the background work of a live router — health probes, the profile-file watcher and
-SIGHUP reload. With `--workers N` this process supervises N workers (router/workers.py), each of
-which runs here with its worker side (router/workerlink.py)."""
+uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
+load scrapes, the profile-file watcher and SIGHUP reload, all started and stopped here. With
+`--workers N` this process supervises N workers (router/workers.py), each of which runs here with
+its worker side (router/workerlink.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import uvloop
 
 from router import httpserver
 from router.app import LaneRouterApp
+from router.config.checks import budget_warnings
 from router.config.load import load_profile
 from router.config.models import ProfileConfig
+from router.discovery import Discovery
 from router.errors import Unavailable, error_event
 from router.health import HealthChecker
 from router.metrics import Metrics
@@ -79,6 +82,9 @@ async def background(
         tls.attach(state.metrics)
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
+    # A backend discovery finds is probed at once, and joins the rotation once healthy.
+    discovery = Discovery(lambda: state.runtime, state.metrics, checker.probe_joined)
+    discovery.start()
     scraper = LoadScraper(lambda: state.runtime)
     scraper.start()
     tasks: list[asyncio.Task[None]] = []
@@ -105,6 +111,7 @@ async def background(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await scraper.stop()
+        await discovery.stop()  # before the checker, whose first probes it starts
         await checker.stop()
         await state.aclose()
         if worker is not None:
@@ -148,6 +155,7 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     if settings.workers > 1 and not settings.is_worker:
         if settings.config is None:
             raise ValueError("--workers needs a profile file (--config FILE or LANE_ROUTER_CONFIG)")
+        warn_of_parts(cfg if cfg is not None else load_profile(settings.config), settings.workers)
         try:
             return supervise(settings)
         except OSError as err:
@@ -166,6 +174,13 @@ def serving_tls(settings: Settings) -> ServingTls | None:
     if tls is not None:
         log.info("serving %s", tls.describe())
     return tls
+
+
+def warn_of_parts(cfg: ProfileConfig, workers: int) -> None:
+    """Log, once as the workers start, what `lane-router check --workers N` warns of: a worker
+    whose part of a limit is 0, and rate limits each worker counts alone without `state:`."""
+    for issue in budget_warnings(cfg, workers):
+        log.warning("%s", issue)
 
 
 def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: ServingTls | None = None) -> Any:

@@ -201,21 +201,43 @@ def budget_warnings(cfg: ProfileConfig, workers: int) -> list[ConfigIssue]:
         if not zero:
             continue
         who = _who(zero, workers, cfg.replicas)
+        means = _ZERO_MEANS[budget.path.rsplit(".", 1)[1]][int(workers > 1 and len(zero) > 1)]
         issues.append(
-            ConfigIssue(
-                budget.path,
-                f"{budget.limit} split over {processes} processes: {who} 0, "
-                f"{_ZERO_MEANS[budget.path.rsplit('.', 1)[1]]}",
-            )
+            ConfigIssue(budget.path, f"{budget.limit} split over {processes} processes: {who} 0, {means}")
         )
-    return issues
+    return issues + _rate_limit_warnings(cfg, processes)
 
 
+# What a part of 0 means, said of one process and of several.
 _ZERO_MEANS = {
-    "max_in_flight": "so it refuses the lane's requests (503 no_share)",
-    "max_prefilling": "so it sends nothing to the pool (503 no_share)",
-    "max_long_prefilling": "so it sends no long prompts to the pool (503 long_prompt_refused)",
+    "max_in_flight": (
+        "so it refuses the lane's requests (503 no_share)",
+        "so they refuse the lane's requests (503 no_share)",
+    ),
+    "max_prefilling": (
+        "so it sends nothing to the pool (503 no_share)",
+        "so they send nothing to the pool (503 no_share)",
+    ),
+    "max_long_prefilling": (
+        "so it sends no long prompts to the pool (503 long_prompt_refused)",
+        "so they send no long prompts to the pool (503 long_prompt_refused)",
+    ),
 }
+
+
+def _rate_limit_warnings(cfg: ProfileConfig, processes: int) -> list[ConfigIssue]:
+    """Per-key rate limits are not split: without `state:` each process counts them alone."""
+    if processes == 1 or cfg.state.shared:
+        return []
+    return [
+        ConfigIssue(
+            f"keys.{key.name}",
+            f"without state: each of the {processes} processes counts its rpm/tpm/max_concurrency "
+            f"alone, so the key may get up to {processes} times them; `state:` keeps them exact",
+        )
+        for key in cfg.keys
+        if key.rpm is not None or key.tpm is not None or key.max_concurrency is not None
+    ]
 
 
 def _who(zero: list[int], workers: int, replicas: int) -> str:

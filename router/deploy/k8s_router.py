@@ -1,6 +1,14 @@
 """The router on Kubernetes: a Deployment of at least two replicas with its Services,
 PodDisruptionBudget and CPU autoscaler, the deployed profile in a ConfigMap and every secret it
-names in a Secret."""
+names in a Secret.
+
+How many routers run is one number, `router_replicas`: the Deployment's `replicas`, the
+autoscaler's minimum and the deployed profile's `replicas:` (router/slots/budget.py), the
+larger of the profile's own `replicas:` and the rendering's minimum. With `state:` the
+autoscaler may add routers up to its maximum: their counts are exact in Redis, and only while
+Redis is unreachable does each fall back to its part, `limit // replicas`. Without `state:` a
+router's part is all it ever enforces, so more routers than the profile says would multiply every
+lane and prefill limit: the rendering runs exactly that many and no autoscaler."""
 
 from __future__ import annotations
 
@@ -39,15 +47,32 @@ PROFILE_MAP = "lane-router-profile"
 def router_objects(
     cfg: ProfileConfig, plans: Sequence[PoolPlan], profile: dict[str, Any], opts: K8sOptions
 ) -> list[dict[str, Any]]:
-    return [
+    docs = [
         _secret(cfg, plans),
         _profile_map(profile),
         _deployment(cfg, plans, opts),
         _service(ROUTER, cluster_ip=True),
         _service(ROUTER_PODS, cluster_ip=False),
         _disruption_budget(),
-        _autoscaler(opts),
     ]
+    most = router_max_replicas(cfg, opts)
+    if most is not None:
+        docs.append(_autoscaler(router_replicas(cfg, opts), most))
+    return docs
+
+
+def router_replicas(cfg: ProfileConfig, opts: K8sOptions) -> int:
+    """The routers that run: the profile's `replicas:`, or the rendering's minimum if larger."""
+    return max(opts.router_replicas, cfg.replicas)
+
+
+def router_max_replicas(cfg: ProfileConfig, opts: K8sOptions) -> int | None:
+    """The most routers the CPU autoscaler runs; none (no autoscaler) without `state:`, where
+    each router's part of every limit assumes exactly `router_replicas` of them."""
+    if not cfg.state.shared:
+        return None
+    most = max(opts.router_max_replicas, router_replicas(cfg, opts))
+    return most if most > router_replicas(cfg, opts) else None
 
 
 def _secret(cfg: ProfileConfig, plans: Sequence[PoolPlan]) -> dict[str, Any]:
@@ -133,7 +158,7 @@ def _deployment(cfg: ProfileConfig, plans: Sequence[PoolPlan], opts: K8sOptions)
         "kind": "Deployment",
         "metadata": meta(ROUTER, ROUTER_SELECTOR),
         "spec": {
-            "replicas": opts.router_replicas,
+            "replicas": router_replicas(cfg, opts),
             "selector": {"matchLabels": ROUTER_SELECTOR},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": pod,
@@ -162,15 +187,15 @@ def _disruption_budget() -> dict[str, Any]:
     }
 
 
-def _autoscaler(opts: K8sOptions) -> dict[str, Any]:
+def _autoscaler(least: int, most: int) -> dict[str, Any]:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": meta(ROUTER, ROUTER_SELECTOR),
         "spec": {
             "scaleTargetRef": scale_target(ROUTER),
-            "minReplicas": opts.router_replicas,
-            "maxReplicas": opts.router_max_replicas,
+            "minReplicas": least,
+            "maxReplicas": most,
             "metrics": [
                 {
                     "type": "Resource",

@@ -199,15 +199,19 @@ def deployed_profile(
     plans: Sequence[PoolPlan],
     sources: Mapping[str, Mapping[str, Any]],
     redis_url: str | None = None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """The profile as the deployed router reads it: each pool's backends replaced by where the
     deployment runs them (`sources[pool]`: `{"backends": [...]}` or `{"discovery": {...}}`),
-    literal upstream keys replaced by the variables that now hold them, and the shared state's
-    Redis by the deployment's (`redis_url`, see `deploys_redis`). Validated again, so a rendering
-    never ships a profile the router would refuse."""
+    literal upstream keys replaced by the variables that now hold them, the shared state's
+    Redis by the deployment's (`redis_url`, see `deploys_redis`), and `replicas` by how many
+    routers the deployment runs, when it says. Validated again, so a rendering never ships a
+    profile the router would refuse."""
     data = cfg.model_dump(mode="json", exclude_unset=True)
     if redis_url is not None and deploys_redis(cfg):
         data["state"]["redis_url"] = redis_url
+    if replicas is not None:
+        data["replicas"] = replicas
     for p in plans:
         # The deployment's servers speak plain HTTP on its private network: no backend TLS.
         dropped = ("backends", "discovery", "tls")

@@ -21,7 +21,13 @@ from router.deploy.k8s_pools import (
     pool_objects,
     pools_policy,
 )
-from router.deploy.k8s_router import PROFILE_MAP, ROUTER_PODS, router_objects
+from router.deploy.k8s_router import (
+    PROFILE_MAP,
+    ROUTER_PODS,
+    router_max_replicas,
+    router_objects,
+    router_replicas,
+)
 from router.deploy.plan import (
     Manifest,
     PoolPlan,
@@ -40,7 +46,7 @@ def render_k8s(cfg: ProfileConfig, opts: K8sOptions = DEFAULTS) -> Manifest:
     check_options(cfg, opts)
     plans = plan_pools(cfg, opts.device)
     sources = {p.name: discovery_source(p, opts) for p in plans}
-    profile = deployed_profile(cfg, plans, sources, redis_url())
+    profile = deployed_profile(cfg, plans, sources, redis_url(), router_replicas(cfg, opts))
     docs = router_objects(cfg, plans, profile, opts)
     scaled: list[PoolPlan] = []
     for p in plans:
@@ -79,6 +85,7 @@ def _notes(cfg: ProfileConfig, plans: tuple[PoolPlan, ...], opts: K8sOptions) ->
         *_autoscaler_notes(plans, opts),
         *state_notes(cfg, REDIS, REDIS_POLICY),
         _exactness_note(cfg),
+        _router_count_note(cfg, opts),
         f"Prometheus finds every router pod through the headless Service {ROUTER_PODS!r} "
         "(deploy/prometheus/prometheus-k8s.yml).",
         f"ConfigMap {PROFILE_MAP!r} is mounted as a directory, so edits reach the routers without a restart.",
@@ -141,4 +148,26 @@ def _exactness_note(cfg: ProfileConfig) -> str:
     return (
         "Limits hold exactly across router replicas — per-key rate limits, per-backend prefill slots "
         f"(max_prefilling, max_long_prefilling), lanes' max_in_flight — only with `state:` (Redis), {held}."
+    )
+
+
+def _router_count_note(cfg: ProfileConfig, opts: K8sOptions) -> str:
+    least, most = router_replicas(cfg, opts), router_max_replicas(cfg, opts)
+    said = (
+        f"{least} router replicas; the profile in the ConfigMap says `replicas: {least}`, so each "
+        f"router's part of every lane and prefill limit is limit // {least}"
+    )
+    if not cfg.state.shared:
+        return (
+            f"{said}, which is all it enforces without `state:`. No autoscaler for the router: more "
+            "replicas would multiply those limits (add `state:` to let it scale)."
+        )
+    if most is None:
+        return f"{said}, which it enforces only while Redis is unreachable; no autoscaler for the router."
+    return (
+        f"{said}, which it enforces only while Redis is unreachable. The CPU autoscaler runs {least} "
+        f"to {most}: while Redis answers every count is exact however many run; should Redis be "
+        f"unreachable while more than {least} run, their parts add up to more than the limits (up "
+        f"to {most / least:.3g} times them). Set the profile's `replicas:` to the number you want "
+        "those parts to assume."
     )

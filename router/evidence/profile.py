@@ -3,7 +3,9 @@
 A lane's target is what its configuration lets through: `max_in_flight`, `max_prompt_tokens`,
 `max_output_tokens`. A limit the lane leaves open falls back to what its pool's servers accept —
 `max_model_len` tokens, and `max_num_seqs × data_parallel_size` running sequences per backend —
-because that is the load the pool will really see.
+because that is the load the pool will really see. A pool found by DNS has as many backends as
+its name lists at the moment; its `max_backends` is the most the router sends to, so that is the
+load it may see.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from router.evidence.triggers import retest_triggers, slice_triggers
 
 def lane_target(lane: LaneConfig, pool: PoolConfig) -> Target:
     settings = pool.vllm
-    running = settings.max_num_seqs * settings.data_parallel_size * len(pool.backends)
+    running = settings.max_num_seqs * settings.data_parallel_size * most_backends(pool)
     return Target(
         max_input_tokens=lane.max_prompt_tokens or settings.max_model_len,
         max_output_tokens=lane.max_output_tokens or settings.max_model_len,
         concurrency=lane.max_in_flight or running,
     )
+
+
+def most_backends(pool: PoolConfig) -> int:
+    """The most servers the router sends the pool's requests to: those listed, or, for a pool
+    found by DNS, its `max_backends`."""
+    return len(pool.backends) if pool.discovery is None else pool.discovery.max_backends
 
 
 def live_records(records: Iterable[CapacityEvidenceRecord]) -> list[CapacityEvidenceRecord]:

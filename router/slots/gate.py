@@ -224,9 +224,17 @@ class SharedPoolGate(PoolGate):
         if self.store.serves_locally():
             super()._grant()
         elif not self.store.releasing:
-            self.wake()  # else the releases' arrival at Redis wakes the gate
+            self._grant_from_store()  # else the releases' arrival at Redis wakes the gate
 
     def wake(self) -> None:
+        if not self.waiting:
+            return
+        if self.store.serves_locally():
+            super()._grant()
+        else:
+            self._grant_from_store()
+
+    def _grant_from_store(self) -> None:
         """Offer room to the waiters again, from Redis's counts."""
         if self._granter is None:
             self._granter = asyncio.get_running_loop().create_task(self._grant_while_waiting())

@@ -16,8 +16,8 @@ from router.config.render import RenderError
 from router.deploy.plan import plan_pools, router_secret_envs
 from router.deploy.render_k8s import K8sOptions, render_k8s
 from router.keyhygiene import key_issues
-from tests.deploy.k8s import container, deployed_profile, manifests, one, pod_labels, pools, selects
-from tests.deploy.samples import cfg, example, small
+from tests.deploy.k8s import container, deployed_profile, kind, manifests, one, pod_labels, pools, selects
+from tests.deploy.samples import cfg, example, example_data, small
 from tests.deploy.tools import K8S_VERSIONS
 
 SCALED = ("interactive=hpa:2-6", "batch=keda:1-4:8")
@@ -92,6 +92,30 @@ def test_the_router_runs_replicated_with_probes_disruption_budget_and_autoscaler
         service = one(docs, "Service", name)
         assert service["spec"]["selector"] == selector
         assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+@pytest.mark.parametrize("replicas", [None, 2, 3])
+def test_the_router_runs_as_many_replicas_as_its_profile_assumes(replicas: int | None) -> None:
+    data = example_data()
+    if replicas is not None:
+        data["replicas"] = replicas
+    docs = manifests(cfg(data))
+    deployment = one(docs, "Deployment", "lane-router")
+    hpa = one(docs, "HorizontalPodAutoscaler", "lane-router")
+
+    running = max(2, replicas or 1)
+    assert deployment["spec"]["replicas"] == hpa["spec"]["minReplicas"] == running
+    assert deployed_profile(docs).replicas == running  # each router's part is limit // running
+    assert hpa["spec"]["maxReplicas"] == 10
+
+
+def test_without_shared_state_the_router_count_is_fixed() -> None:
+    # Each router enforces limit // replicas for ever: an autoscaler would multiply the limits.
+    docs = manifests(cfg(small()))
+
+    assert one(docs, "Deployment", "lane-router")["spec"]["replicas"] == 2
+    assert deployed_profile(docs).replicas == 2
+    assert kind(docs, "HorizontalPodAutoscaler") == []
 
 
 def test_the_router_reads_the_profile_from_the_config_map() -> None:

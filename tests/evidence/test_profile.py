@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from router.config.models import LaneConfig, RequestClass
+from router.config.models import DiscoveryConfig, LaneConfig, RequestClass
 from router.config.vllm import server_configuration_hash
 from router.evidence.decide import decide
 from router.evidence.profile import decide_profile, lane_target, live_records, select_record
@@ -37,6 +37,14 @@ def test_open_lane_limits_fall_back_to_what_the_pool_accepts() -> None:
     pool = cfg.pools[POOL].model_copy(update={"backends": [*cfg.pools[POOL].backends] * 3})
     target = lane_target(LaneConfig(pool=POOL), pool)
     assert target == Target(max_input_tokens=8192, max_output_tokens=8192, concurrency=8 * 2 * 3)
+
+
+def test_a_pool_found_by_dns_may_see_the_load_of_its_most_backends() -> None:
+    cfg = example_profile(config_a(), max_in_flight=8, max_prompt=2048, max_output=512)
+    found = {"dns": "vllm.llm.svc.cluster.local", "max_backends": 5}
+    pool = cfg.pools[POOL].model_copy(update={"backends": [], "discovery": DiscoveryConfig(**found)})
+    target = lane_target(LaneConfig(pool=POOL), pool)
+    assert target.concurrency == config_a().max_num_seqs * config_a().data_parallel_size * 5
 
 
 def test_superseded_records_are_not_live() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from router.admission import PrefillLimits
 from router.cli import main
 from router.config.load import parse_profile
+from router.server import warn_of_parts
 from router.slots.budget import Share, budgets, prefill_parts, split
 from tests.profiles import profile
 
@@ -106,3 +107,29 @@ def test_check_says_replicas_split_and_state_makes_parts_a_fallback(
     assert "1 worker in each of 3 replicas" in out and "while Redis is unreachable" in out
     assert "lanes.chat.max_in_flight" in out and "3   1" in out
     assert "each of the 3 replicas gets 0" in out
+
+
+def test_check_warns_that_rate_limits_are_counted_per_process_without_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = shaped()
+    keys = data["keys"]
+    assert isinstance(keys, list)
+    keys[0] = {**keys[0], "rpm": 60}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["check", str(path), "--workers", "3"]) == 0
+    name = keys[0]["name"]
+    assert f"keys.{name}: without state: each of the 3 processes counts its rpm/tpm/max_concurrency" in (
+        capsys.readouterr().out
+    )
+
+    path.write_text(yaml.safe_dump({**data, "state": {"redis_url": "redis://127.0.0.1:6379/0"}}))
+    assert main(["check", str(path), "--workers", "3"]) == 0
+    assert "counts its rpm" not in capsys.readouterr().out  # shared in Redis: exact
+
+
+def test_serving_with_workers_logs_the_same_warnings_as_check(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="lane_router.server"):
+        warn_of_parts(parse_profile(shaped()), 2)
+    assert "lanes.batch.max_in_flight: 1 split over 2 processes: worker 1 gets 0" in caplog.text

@@ -79,10 +79,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def wait_up(origin: str, path: bytes = b"/health", tls: ssl.SSLContext | None = None) -> None:
+async def wait_up(
+    origin: str, path: bytes = b"/health", timeout_s: float = 20.0, tls: ssl.SSLContext | None = None
+) -> None:
     pool = UpstreamPool(origin, connect_timeout=0.5, ssl_context=tls)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 resp = await pool.request(b"GET", path, [], b"")

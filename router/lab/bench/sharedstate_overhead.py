@@ -29,23 +29,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from router.auth import new_key
-from router.lab.bench.overhead import (
-    Sample,
-    Scenario,
-    bench_profile,
-    cpu_seconds,
-    free_port,
-    load,
-    pct,
-    wait_up,
-)
+from router.lab.bench.alternating import STARTUP_S, Target, Totals, alternate
+from router.lab.bench.overhead import Sample, Scenario, bench_profile, free_port, load, pct, wait_up
 from router.lab.procs import child_process
 
 LIMITS = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 100_000}
@@ -58,22 +49,6 @@ VARIANTS = {
 }
 SCENARIOS = (Scenario("non-stream c=1", False, 1, 2000, 16), Scenario("non-stream c=16", False, 16, 4000, 16))
 HANDOFF = Scenario("hand-off, 1 slot, 8 clients", True, 8, 400, 1)
-
-
-@dataclass
-class Totals:
-    latencies: list[float] = field(default_factory=list)
-    requests: int = 0
-    errors: int = 0
-    wall: float = 0.0
-    cpu_s: float = 0.0
-
-    def add(self, sample: Sample, cpu_s: float) -> None:
-        self.latencies += sample.latencies
-        self.requests += len(sample.latencies)
-        self.errors += sample.errors
-        self.wall += sample.wall
-        self.cpu_s += cpu_s
 
 
 def profile(
@@ -119,6 +94,9 @@ class Routers:
         self.pids[name] = self._stack.enter_context(child_process([*argv, "--port", str(port)])).pid
         self.urls[name] = f"http://127.0.0.1:{port}"
 
+    def target(self, name: str) -> Target:
+        return self.urls[name], self.pids[name]
+
 
 def run(
     scale: float, rounds: int, redis_url: str | None
@@ -150,23 +128,12 @@ def _url(port: int) -> str:
 async def _measure(
     key: str, routers: Routers, scale: float, rounds: int
 ) -> tuple[dict[tuple[str, str], Totals], dict[str, Totals]]:
+    chosen = {name: routers.target(name) for name in VARIANTS}
+    totals = await alternate(SCENARIOS, lambda _: chosen, key, scale, rounds)
     for origin in routers.urls.values():
-        await wait_up(origin, b"/ready")
-    totals: dict[tuple[str, str], Totals] = {}
-    for sc in SCENARIOS:
-        count = max(sc.concurrency * 4, int(sc.requests * scale / rounds))
-        for variant in VARIANTS:
-            await load(routers.urls[variant], sc, max(sc.concurrency, count // 5), key)  # warm up
-        for r in range(rounds):
-            print(f"  {sc.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
-            for variant in VARIANTS:
-                pid = routers.pids[variant]
-                cpu0 = cpu_seconds(pid)
-                sample = await load(routers.urls[variant], sc, count, key)
-                totals.setdefault((sc.name, variant), Totals()).add(sample, cpu_seconds(pid) - cpu0)
-    return totals, await _handoffs(
-        key, routers, max(HANDOFF.concurrency * 4, int(HANDOFF.requests * scale)), rounds
-    )
+        await wait_up(origin, b"/ready", STARTUP_S)
+    count = max(HANDOFF.concurrency * 4, int(HANDOFF.requests * scale))
+    return totals, await _handoffs(key, routers, count, rounds)
 
 
 async def _handoffs(key: str, routers: Routers, count: int, rounds: int) -> dict[str, Totals]:
@@ -197,7 +164,7 @@ def render(totals: dict[tuple[str, str], Totals], handoffs: dict[str, Totals]) -
             lines.append(
                 f"| {sc.name} | {variant} | {t.requests} | {t.errors} | {t.requests / t.wall:.0f} "
                 f"| {pct(t.latencies, 0.5) * 1e3:.3f} | {pct(t.latencies, 0.99) * 1e3:.3f} "
-                f"| {t.cpu_s / max(1, t.requests) * 1e6:.0f} | {added[0]} | {added[1]} |"
+                f"| {t.cpu_us_per_request():.0f} | {added[0]} | {added[1]} |"
             )
     lines += [
         "",

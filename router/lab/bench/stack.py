@@ -96,6 +96,7 @@ def local_profile(
     counts = pool_counts(parse_profile(out, "profile"), engines, fixed)
     ports = iter(free_ports(sum(counts.values())))
     for name, pool in out["pools"].items():
+        pool.pop("discovery", None)  # a pool found by DNS is simulated with listed engines
         pool["backends"] = [f"http://127.0.0.1:{next(ports)}" for _ in range(counts[name])]
     out["health"] = {**out.get("health", {}), "interval_s": 0.5, "timeout_s": 2.0}
     return out

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.config.models import ProfileConfig
+from router.config.models import PoolConfig, ProfileConfig
 from router.lab.bench.generate import Request, SessionPlan, Trace
 from router.lab.bench.loadclient import new_outcome
 from router.lab.bench.outcome import Outcome
@@ -81,15 +81,20 @@ def pool_counts(
     cfg: ProfileConfig, engines: int | None = None, fixed: Mapping[str, int] | None = None
 ) -> dict[str, int]:
     """Engines per pool: `fixed` ones as given, the rest of `engines` (default: the profile's own
-    backend count) spread over the other pools in proportion to the profile."""
+    backend count) spread over the other pools in proportion to the profile. A pool found by DNS
+    lists no count: it counts as one engine, its smallest size (`fixed` or `engines` says more)."""
     fixed = {name: n for name, n in (fixed or {}).items() if name in cfg.pools}
-    sizes = {name: len(pool.backends) for name, pool in cfg.pools.items() if name not in fixed}
+    sizes = {name: _listed(pool) for name, pool in cfg.pools.items() if name not in fixed}
     if not sizes:
         return dict(fixed)
     if engines is None and not fixed:
         return sizes
-    total = engines if engines is not None else sum(len(p.backends) for p in cfg.pools.values())
+    total = engines if engines is not None else sum(_listed(p) for p in cfg.pools.values())
     return {**allocate(sizes, total - sum(fixed.values())), **fixed}
+
+
+def _listed(pool: PoolConfig) -> int:
+    return len(pool.backends) if pool.discovery is None else 1
 
 
 def profile_backends(

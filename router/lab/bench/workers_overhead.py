@@ -15,23 +15,14 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from router.auth import new_key
-from router.lab.bench.overhead import (
-    Sample,
-    Scenario,
-    bench_profile,
-    cpu_seconds,
-    free_port,
-    load,
-    pct,
-    wait_up,
-)
+from router.lab.bench.alternating import Target, Totals, alternate, tree_cpu_seconds
+from router.lab.bench.overhead import Scenario, bench_profile, free_port, pct
 from router.lab.procs import child_process
 
 SCENARIOS = (
@@ -49,43 +40,12 @@ class Variant:
     sockets: str = "reuseport"
 
 
-@dataclass
-class Totals:
-    latencies: list[float] = field(default_factory=list)
-    ttfts: list[float] = field(default_factory=list)
-    chunks: int = 0
-    errors: int = 0
-    wall: float = 0.0
-    cpu_s: float = 0.0
-
-    def add(self, sample: Sample, cpu_s: float) -> None:
-        self.latencies += sample.latencies
-        self.ttfts += sample.ttfts
-        self.chunks += sample.chunks
-        self.errors += sample.errors
-        self.wall += sample.wall
-        self.cpu_s += cpu_s
-
-
 def variants(workers: int) -> tuple[Variant, ...]:
     return (
         Variant("1 process", 1),
         Variant(f"{workers} workers, reuseport", workers, "reuseport"),
         Variant(f"{workers} workers, inherit", workers, "inherit"),
     )
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time of `pid` and its children (a supervisor's workers)."""
-    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
-
-
-def _children(pid: int) -> Iterator[int]:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    yield int(entry.name)
 
 
 def run(workers: int, scale: float, rounds: int) -> dict[tuple[str, str], Totals]:
@@ -98,16 +58,16 @@ def run(workers: int, scale: float, rounds: int) -> dict[tuple[str, str], Totals
         stack.enter_context(
             child_process([*backend, "--port", str(paced_port), "--ttft-ms", "20", "--itl-ms", "5"])
         )
-        routers: dict[tuple[str, bool], tuple[str, int]] = {}
+        routers: dict[tuple[str, bool], Target] = {}
         for variant in variants(workers):
             for paced, port in ((False, zero_port), (True, paced_port)):
                 path = Path(tmp, f"{variant.workers}-{variant.sockets}-{paced}.yaml")
                 path.write_text(yaml.safe_dump(bench_profile(f"http://127.0.0.1:{port}", key)))
                 routers[(variant.name, paced)] = _start(stack, path, variant)
-        return asyncio.run(_measure(workers, key, routers, scale, rounds))
+        return _measure(workers, key, routers, scale, rounds)
 
 
-def _start(stack: contextlib.ExitStack, config: Path, variant: Variant) -> tuple[str, int]:
+def _start(stack: contextlib.ExitStack, config: Path, variant: Variant) -> Target:
     port = free_port()
     argv = [sys.executable, "-m", "router", "serve", "--log-level", "warning", "--config", str(config)]
     argv += ["--port", str(port), "--workers", str(variant.workers)]
@@ -116,25 +76,13 @@ def _start(stack: contextlib.ExitStack, config: Path, variant: Variant) -> tuple
     return f"http://127.0.0.1:{port}", proc.pid
 
 
-async def _measure(
-    workers: int, key: str, routers: dict[tuple[str, bool], tuple[str, int]], scale: float, rounds: int
+def _measure(
+    workers: int, key: str, routers: dict[tuple[str, bool], Target], scale: float, rounds: int
 ) -> dict[tuple[str, str], Totals]:
-    for origin, _ in routers.values():
-        await wait_up(origin, b"/ready")
-    totals: dict[tuple[str, str], Totals] = {}
-    for sc in SCENARIOS:
-        count = max(sc.concurrency * 4, int(sc.requests * scale / rounds))
-        for variant in variants(workers):
-            origin, _ = routers[(variant.name, sc.paced)]
-            await load(origin, sc, max(sc.concurrency * 2, count // 5), key)  # warm up every worker
-        for r in range(rounds):
-            print(f"  {sc.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
-            for variant in variants(workers):
-                origin, pid = routers[(variant.name, sc.paced)]
-                cpu0 = tree_cpu_seconds(pid)
-                sample = await load(origin, sc, count, key)
-                totals.setdefault((sc.name, variant.name), Totals()).add(sample, tree_cpu_seconds(pid) - cpu0)
-    return totals
+    def targets(sc: Scenario) -> dict[str, Target]:
+        return {v.name: routers[(v.name, sc.paced)] for v in variants(workers)}
+
+    return asyncio.run(alternate(SCENARIOS, targets, key, scale, rounds, cpu=tree_cpu_seconds))
 
 
 def render(workers: int, totals: dict[tuple[str, str], Totals]) -> str:
@@ -146,12 +94,12 @@ def render(workers: int, totals: dict[tuple[str, str], Totals]) -> str:
     for sc in SCENARIOS:
         for variant in variants(workers):
             t = totals[(sc.name, variant.name)]
-            n = len(t.latencies)
+            n = t.requests
             chunks = f"{t.chunks / t.wall:.0f}" if sc.stream else ""
             ttft = f"{pct(t.ttfts, 0.99) * 1e3:.1f}" if sc.stream else ""
             lines.append(
                 f"| {sc.name} | {variant.name} | {n / t.wall:.0f} | {chunks} "
                 f"| {pct(t.latencies, 0.5) * 1e3:.2f} | {pct(t.latencies, 0.99) * 1e3:.2f} | {ttft} "
-                f"| {t.errors} | {t.cpu_s / max(1, n) * 1e6:.0f} |"
+                f"| {t.errors} | {t.cpu_us_per_request():.0f} |"
             )
     return "\n".join(lines)

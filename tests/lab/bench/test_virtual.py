@@ -13,6 +13,7 @@ from router.lab.bench.generate import generate
 from router.lab.bench.plots import write_plots
 from router.lab.bench.render import report_md
 from router.lab.bench.results import comparison_from_json, comparison_json, merge
+from router.lab.bench.stack import local_profile
 from router.lab.bench.virtual import (
     VirtualOptions,
     allocate,
@@ -32,6 +33,19 @@ def test_pool_counts_fix_named_pools_and_share_the_rest() -> None:
     assert pool_counts(cfg) == {"interactive": 2, "bulk": 1}
     assert pool_counts(cfg, 9) == {"interactive": 6, "bulk": 3}
     assert pool_counts(cfg, 8, {"bulk": 5, "absent": 2}) == {"interactive": 3, "bulk": 5}
+
+
+def test_a_pool_found_by_dns_is_simulated_from_one_engine() -> None:
+    data = two_pools(URLS[:2], URLS[2:3])
+    data["pools"]["bulk"] = {
+        **{k: v for k, v in data["pools"]["bulk"].items() if k != "backends"},
+        "discovery": {"dns": "vllm-bulk.llm.svc.cluster.local"},
+    }
+    cfg = parse_profile(data)
+    assert pool_counts(cfg) == {"interactive": 2, "bulk": 1}
+    assert pool_counts(cfg, 6) == {"interactive": 4, "bulk": 2}
+    local = parse_profile(local_profile(data, "k" * 32))
+    assert local.pools["bulk"].discovery is None and len(local.pools["bulk"].backends) == 1
 
 
 def test_allocate_keeps_proportions_and_one_engine_per_pool() -> None:
