@@ -46,6 +46,12 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     _workers_option(serve, "worker processes sharing the port (default: $LANE_ROUTER_WORKERS or 1)")
     serve.add_argument(
+        "--access-log",
+        metavar="PATH|-",
+        help='one JSON line per proxied request, appended to PATH or written to stderr with "-" '
+        "(default: $LANE_ROUTER_ACCESS_LOG_FILE, else none)",
+    )
+    serve.add_argument(
         "--require-evidence",
         type=Path,
         metavar="DIR",
@@ -141,6 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ("tls_cert", args.tls_cert),
             ("tls_key", args.tls_key),
             ("tls_client_ca", args.tls_client_ca),
+            ("access_log_file", args.access_log),
         )
         if v is not None
     }

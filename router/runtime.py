@@ -36,6 +36,7 @@ from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestC
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
 from router.metrics import Metrics
+from router.observer import Observer
 from router.prefixes import PrefixHistory
 from router.ratelimit import MemoryRateStore, RateStore
 from router.redisstores import RedisRateStore, RedisSlowClients
@@ -82,6 +83,7 @@ class Runtime:
     fleet: Fleet
     shared: SharedState | None = None
     responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
+    observer: Observer = field(default_factory=Observer)  # tracing and the access log, from startup
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
@@ -132,9 +134,11 @@ def build_runtime(
     previous: Runtime | None = None,
     environ: Mapping[str, str] | None = None,
     worker: Share | None = None,
+    observer: Observer | None = None,
 ) -> Runtime:
     """`worker`: which worker of `lane-router serve --workers N` this process is (default: the
-    previous runtime's, else the only one)."""
+    previous runtime's, else the only one). `observer`: the process's tracer and access log
+    (default: the previous runtime's, else none)."""
     env = os.environ if environ is None else environ
     keys = KeyRing(
         build_keys(
@@ -194,6 +198,7 @@ def build_runtime(
         fleet=fleet,
         shared=shared,
         responses=responses,
+        observer=observer or (previous.observer if previous is not None else Observer()),
         counting=counting,
     )
 

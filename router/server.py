@@ -27,6 +27,7 @@ from router.discovery import Discovery
 from router.errors import Unavailable, error_event
 from router.health import HealthChecker
 from router.metrics import Metrics
+from router.observer import Observer, build_observer
 from router.proxy.forward import ResponseAborted
 from router.runtime import build_runtime
 from router.scrape import LoadScraper
@@ -67,9 +68,15 @@ class ConfigWatcher:
                 await self._state.reload(FILE_TRIGGER)
 
 
-def build_state(cfg: ProfileConfig, config_path: Path | None, bind_host: str = "127.0.0.1") -> RouterState:
+def build_state(
+    cfg: ProfileConfig,
+    config_path: Path | None,
+    bind_host: str = "127.0.0.1",
+    observer: Observer | None = None,
+) -> RouterState:
     metrics = Metrics()
-    return RouterState(build_runtime(cfg, metrics), metrics, config_path, bind_host=bind_host)
+    runtime = build_runtime(cfg, metrics, observer=observer)
+    return RouterState(runtime, metrics, config_path, bind_host=bind_host)
 
 
 @contextlib.asynccontextmanager
@@ -114,6 +121,7 @@ async def background(
         await discovery.stop()  # before the checker, whose first probes it starts
         await checker.stop()
         await state.aclose()
+        state.runtime.observer.close()
         if worker is not None:
             await worker.stop()
 
@@ -190,9 +198,9 @@ def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: Serving
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
     if not settings.is_worker:
-        return make_app(build_state(cfg, path, settings.host), settings, tls)
+        return make_app(build_state(cfg, path, settings.host, build_observer(settings)), settings, tls)
     worker = WorkerSide.of(settings)
-    runtime = build_runtime(cfg, worker.metrics, worker=worker.share)
+    runtime = build_runtime(cfg, worker.metrics, worker=worker.share, observer=build_observer(settings))
     state = WorkerState(runtime, worker.metrics, path, bind_host=settings.host, link=worker.link)
     app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker, tls))
     return MetricsApp(app, worker.peers)

@@ -12,13 +12,20 @@ from router.httpserver.config import HEAD_TIMEOUT_MAX_S
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LANE_ROUTER_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="LANE_ROUTER_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     config: Path | None = Field(None, description="profile file; none → the embedded demo profile")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
+    # The JSON access log (router/accesslog.py): a file appended to, or "-" for stderr.
+    access_log_file: str | None = Field(None, description='one JSON line per proxied request; "-": stderr')
+    access_log_queue: int = Field(
+        10_000, ge=1, description="lines waiting for the writer thread; past it lines are dropped and counted"
+    )
     watch_config: bool = True
     watch_interval_s: float = Field(1.0, gt=0)
     graceful_shutdown_s: float = Field(30.0, ge=0)
@@ -48,6 +55,19 @@ class Settings(BaseSettings):
     worker_channel_fd: int | None = Field(None, ge=0, description="the worker's socket to its parent")
     listen_fd: int | None = Field(None, ge=0, description="the listening socket inherited from the parent")
     run_dir: Path | None = Field(None, description="the workers' private directory (metrics sockets)")
+
+    # Tracing (router/observer.py) reads the standard OpenTelemetry variables, unprefixed.
+    otel_sdk_disabled: str | None = Field(None, validation_alias="OTEL_SDK_DISABLED")
+    otel_traces_exporter: str | None = Field(None, validation_alias="OTEL_TRACES_EXPORTER")
+    otel_exporter_otlp_endpoint: str | None = Field(None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    otel_exporter_otlp_protocol: str | None = Field(None, validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL")
+    otel_exporter_otlp_traces_protocol: str | None = Field(
+        None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    )
+    otel_service_name: str | None = Field(None, validation_alias="OTEL_SERVICE_NAME")
 
     @model_validator(mode="after")
     def _tls_files(self) -> Settings:

@@ -200,6 +200,9 @@ class Supervisor:
         for name, path in (("CERT", s.tls_cert), ("KEY", s.tls_key), ("CLIENT_CA", s.tls_client_ca)):
             if path is not None:
                 env[f"LANE_ROUTER_TLS_{name}"] = str(path.resolve())
+        if s.access_log_file is not None:
+            # Every worker appends whole lines to the one file, each batch in one write(2).
+            env["LANE_ROUTER_ACCESS_LOG_FILE"] = s.access_log_file
         return env
 
     async def _listen(self, worker: _Worker) -> None:

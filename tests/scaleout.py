@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,11 +220,13 @@ def children(pid: int) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def router(config: Path, workers: int | None = None, **env: str) -> AsyncIterator[Router]:
-    """`lane-router serve --config CONFIG` on a free port until the block ends (SIGTERM)."""
+async def router(
+    config: Path, workers: int | None = None, args: Sequence[str] = (), **env: str
+) -> AsyncIterator[Router]:
+    """`lane-router serve --config CONFIG [ARGS]` on a free port until the block ends (SIGTERM)."""
     port = free_port()
     log = config.with_name(f"router-{port}.log")
-    argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)]
+    argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port), *args]
     if workers is not None:
         argv += ["--workers", str(workers)]
     proc = _spawn(argv, {**os.environ, "LANE_ROUTER_GRACEFUL_SHUTDOWN_S": "5", **env}, log)

@@ -35,6 +35,7 @@ from router.poolgate import PoolGate, Ticket
 from router.proxy.response_headers import client_headers
 from router.proxy.upstream import UpstreamResponse
 from router.ratelimit import USAGE_TAIL_BYTES
+from router.requestrecord import RequestRecord
 from router.runtime import Backend, Lane, Runtime
 from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 
@@ -59,6 +60,7 @@ class Exchange:
     started: float
     response_headers: list[tuple[bytes, bytes]]
     observe_gap: Callable[[float], None]
+    record: RequestRecord  # what the observers read at the end (router/requestrecord.py)
     stream: bool = True
     prompt_tokens: int = 0
     client: tuple[str, bytes | None, str | None] = ("", None, None)  # key, X-Client-Id, address
@@ -69,6 +71,8 @@ class Exchange:
     response_started: bool = False
     first_byte_at: float | None = None
     status: int = 0
+    bytes_out: int = 0
+    trace_headers: tuple[tuple[bytes, bytes], ...] = ()  # traceparent/tracestate for the backend
 
 
 def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple[bytes, bytes]]:
@@ -79,6 +83,7 @@ def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple
     ]
     if runtime_pool_key:
         headers.append((b"authorization", b"Bearer " + runtime_pool_key))
+    headers.extend(ex.trace_headers)
     return headers
 
 
@@ -133,8 +138,10 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
             except Unavailable:
                 raise last_error from None
             metrics.retries.labels(pool.name).inc()
+            ex.record.retries += 1
         if not ex.stream:
             _hold_blind_prefill(ex, gate)
+        _admitted(ex.record, backend)
         try:
             response = await backend.upstream.request(ex.method, ex.target, headers, ex.body)
         except UpstreamError as err:
@@ -164,7 +171,14 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
             )
             continue
         health.note_success(backend)
+        ex.record.connected_at = time.monotonic()
         return response
+
+
+def _admitted(rec: RequestRecord, backend: Backend) -> None:
+    if rec.admitted_at is None:
+        rec.admitted_at = time.monotonic()
+    rec.backend = backend.index
 
 
 def auth_warning_due(last: float | None, now: float) -> bool:
@@ -234,6 +248,7 @@ class _ChunkLog:
         elif self.is_sse:
             self._observe_gap(now - self.last)
         self.last = now
+        ex.bytes_out += len(chunk)
         if self._tail is not None:
             _keep_tail(self._tail, chunk)
         if self._on_chunk is not None:

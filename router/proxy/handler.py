@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 
 from router.admission import outside_lane_shape
@@ -25,14 +26,18 @@ from router.metrics import RouteMetrics
 from router.multipart import Form
 from router.poolgate import Ticket
 from router.proxy import conversation
-from router.proxy.forward import Exchange, forward
+from router.proxy.forward import Exchange, ResponseAborted, forward
 from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
 from router.requestfields import check_fields
+from router.requestrecord import RequestRecord
 from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
+from router.tracecontext import NO_CLIENT_TRACE, ClientTrace, client_trace
 
 WATCH_AFTER_S = 0.02
+# The status an access log gives a request whose client left before any response (as nginx does).
+CLIENT_CLOSED = 499
 
 
 class ClientGone(Exception):
@@ -56,6 +61,7 @@ class Headers:
         "request_class",
         "request_id",
         "session_id",
+        "trace",
     )
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
@@ -67,6 +73,7 @@ class Headers:
         self.accept: bytes | None = None
         self.session_id: bytes | None = None
         self.client_id: bytes | None = None
+        self.trace: list[tuple[bytes, bytes]] | None = None  # traceparent and tracestate lines
         seen: set[bytes] = set()
         for name, value in raw:
             n = name.lower()
@@ -90,6 +97,16 @@ class Headers:
                 self.session_id = value
             elif n == b"x-client-id":
                 self.client_id = value
+            elif n == b"traceparent" or n == b"tracestate":
+                if self.trace is None:
+                    self.trace = []
+                self.trace.append((n, value))
+
+    def client_trace(self) -> ClientTrace:
+        if self.trace is None:
+            return NO_CLIENT_TRACE
+        parents = [v for n, v in self.trace if n == b"traceparent"]
+        return client_trace(parents, [v for n, v in self.trace if n == b"tracestate"])
 
 
 def request_id(supplied: bytes | None) -> bytes:
@@ -170,12 +187,57 @@ def _client_address(scope: Message) -> str | None:
 
 
 async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Receive, send: Send) -> None:
+    """One request, its record handed to the observers at the end however it ends."""
     headers = Headers(scope["headers"])
+    rec = start_record(runtime, headers, scope)
+    await observed(runtime, rec, _handle(runtime, rec, headers, api, scope, receive, send))
+
+
+def start_record(runtime: Runtime, headers: Headers, scope: Message) -> RequestRecord:
+    """The request's record, begun as it arrives (its id and trace context)."""
     rid = request_id(headers.request_id)
-    started = time.monotonic()
+    return runtime.observer.start(rid, scope["path"], headers.client_trace(), time.monotonic())
+
+
+async def observed(runtime: Runtime, rec: RequestRecord, work: Awaitable[None]) -> None:
+    """Run `work` (the request), then hand its record to the observers however it ended."""
+    observer = runtime.observer
+    try:
+        await work
+    except RouterError as err:
+        rec.error_code = err.code
+        rec.end(err.status)
+        raise
+    except ClientGone:
+        rec.client_disconnect = True
+        rec.end(CLIENT_CLOSED)
+        raise
+    except ResponseAborted:
+        rec.error_code = "response_aborted"
+        rec.end(rec.status or 502)
+        raise
+    finally:
+        if rec.ended is None:
+            rec.end(rec.status or 500)
+        observer.finish(rec)
+
+
+async def _handle(
+    runtime: Runtime,
+    rec: RequestRecord,
+    headers: Headers,
+    api: ApiRoute,
+    scope: Message,
+    receive: Receive,
+    send: Send,
+) -> None:
+    rid = rec.request_id
+    started = rec.started
     key = runtime.keys.authenticate(headers.authorization)
+    rec.key_name = key.name
     key.allow_route(api.scope)
     body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
+    rec.bytes_in = len(body)
     form: Form | None = None
     if api.multipart:
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
@@ -197,6 +259,9 @@ async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Recei
         decision, lane = conversation.follow_lane(decision, lane, stored)
     key.allow_class(decision.cls)
     runtime.metrics.classified_child(decision.cls.value, decision.reason.value).inc()
+    rec.cls, rec.reason = decision.cls.value, decision.reason.value
+    rec.lane, rec.pool = lane.name, lane.pool.name
+    rec.stream = facts.stream
     if facts.model not in lane.pool.config.models:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
@@ -222,6 +287,7 @@ async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Recei
         if bound is not None:
             extra.append((b"x-lane-router-max-tokens", b"%d" % bound))
     rm = runtime.metrics.route(decision.cls.value, lane.name, lane.pool.name)
+    rec.classified_at = time.monotonic()
     ticket = Ticket(
         lane=lane,
         long=facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
@@ -242,10 +308,14 @@ async def handle(runtime: Runtime, api: ApiRoute, scope: Message, receive: Recei
         started=started,
         response_headers=extra,
         observe_gap=rm.itl.observe,
+        record=rec,
         stream=facts.stream,
         prompt_tokens=facts.prompt_tokens,
         client=(key.name, headers.client_id, address),
+        trace_headers=runtime.observer.upstream_headers(rec),
     )
+    if runtime.observer.wants_usage:
+        ex.usage_tail = bytearray()
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
     if api.endpoint == "responses":
@@ -354,6 +424,22 @@ async def _run_watched(
             watcher.cancel()
         rm.in_flight.dec()
         _observe(ex, rm, status)
+        _record(ex, gone)
+
+
+def _record(ex: Exchange, gone: bool) -> None:
+    """What the relay learned, into the request's record; the status is the one the client got
+    (or, gone before a response, nginx's 499)."""
+    rec = ex.record
+    rec.first_byte_at = ex.first_byte_at
+    rec.bytes_out = ex.bytes_out
+    if ex.usage_tail:
+        rec.usage_tail = bytes(ex.usage_tail)
+    if ex.response_started:
+        rec.status = ex.status
+    if gone:
+        rec.client_disconnect = True
+        rec.end(ex.status if ex.response_started else CLIENT_CLOSED)
 
 
 def _observe(ex: Exchange, rm: RouteMetrics, status: str) -> None:

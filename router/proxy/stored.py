@@ -16,7 +16,8 @@ from router.errors import BadRequest
 from router.poolgate import Ticket
 from router.proxy import conversation
 from router.proxy.forward import Exchange
-from router.proxy.handler import Headers, read_body, relay, request_id, upstream_request_id
+from router.proxy.handler import Headers, observed, read_body, relay, start_record, upstream_request_id
+from router.requestrecord import RequestRecord
 from router.runtime import Runtime
 
 # A retrieve or cancel has no body to speak of; anything larger is refused unread.
@@ -27,14 +28,29 @@ async def handle_stored(
     runtime: Runtime, stored: StoredRoute, scope: Message, receive: Receive, send: Send
 ) -> None:
     headers = Headers(scope["headers"])
-    rid = request_id(headers.request_id)
-    started = time.monotonic()
+    rec = start_record(runtime, headers, scope)
+    await observed(runtime, rec, _stored(runtime, rec, stored, headers, scope, receive, send))
+
+
+async def _stored(
+    runtime: Runtime,
+    rec: RequestRecord,
+    stored: StoredRoute,
+    headers: Headers,
+    scope: Message,
+    receive: Receive,
+    send: Send,
+) -> None:
+    rid = rec.request_id
     key = runtime.keys.authenticate(headers.authorization)
+    rec.key_name = key.name
     key.allow_route(RouteScope.RESPONSES)
     query, stream = retrieve_query(scope.get("query_string") or b"", stored.cancel)
     await read_body(receive, MAX_BODY_BYTES, headers.content_length)
     found = await conversation.find(runtime, key, stored.response_id)
     lane = found.lane
+    rec.cls, rec.lane, rec.pool, rec.stream = lane.cls.value, lane.name, lane.pool.name, stream
+    rec.classified_at = time.monotonic()
     rm = runtime.metrics.route(lane.cls.value, lane.name, lane.pool.name)
     ex = Exchange(
         lane=lane,
@@ -43,12 +59,14 @@ async def handle_stored(
         request_id=upstream_request_id(key, rid),
         accept=headers.accept,
         ticket=Ticket(lane=lane, long=False, affinity=None, pin=found.backend),
-        started=started,
+        started=rec.started,
         response_headers=[(b"x-request-id", rid)],
         observe_gap=rm.itl.observe,
+        record=rec,
         stream=stream,
         client=(key.name, headers.client_id, None),
         method=stored.method.encode(),
+        trace_headers=runtime.observer.upstream_headers(rec),
     )
     await relay(runtime, ex, rm, key, 0, receive, send)
 

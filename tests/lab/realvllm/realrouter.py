@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import parse_profile
 from router.lab.realvllm.server import VllmServer
+from router.observer import build_observer
 from router.runtime import Health
 from router.server import build_state
 from router.settings import Settings
@@ -182,8 +183,10 @@ class RealRouter:
 
 
 @contextlib.asynccontextmanager
-async def real_router(profile: dict[str, Any]) -> AsyncIterator[RealRouter]:
-    state = build_state(parse_profile(profile), None)
+async def real_router(profile: dict[str, Any], settings: Settings | None = None) -> AsyncIterator[RealRouter]:
+    """`settings` may configure tracing or the access log (the router's observer)."""
+    settings = settings or Settings(watch_config=False)
+    state = build_state(parse_profile(profile), None, observer=build_observer(settings))
     async with server_group() as group:
-        url = await group.serve_router(state, Settings(watch_config=False))
+        url = await group.serve_router(state, settings)
         yield RealRouter(url, state)
