@@ -187,7 +187,7 @@ LOADED = """
 import json, sys
 import router.server
 built = {}
-router.server.run = lambda app, settings: built.update(app=app)
+router.server.run = lambda app, settings, *rest: built.update(app=app)
 from router.cli import main
 code = main(["serve", "--config", sys.argv[1], "--port", "0", "--access-log", sys.argv[2]])
 print(json.dumps({"code": code, "otel": sorted(m for m in sys.modules if m.startswith(tuple(sys.argv[3:])))}))
