@@ -28,7 +28,6 @@ import os
 import platform
 import random
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,11 +229,12 @@ def _median_point(points: Sequence[tuple[int, int, float, float]]) -> tuple[int,
 
 async def _round_trips(client: httpx.AsyncClient, n: int) -> list[float]:
     """HTTP and client overhead that the simulator's own server adds back when it replays."""
+    clock = asyncio.get_running_loop().time
     samples = []
     for _ in range(n):
-        start = time.perf_counter()
+        start = clock()
         (await client.get("/v1/models")).raise_for_status()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return samples
 
 

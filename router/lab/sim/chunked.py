@@ -22,7 +22,6 @@ import itertools
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -118,7 +117,7 @@ async def measure_spike(
         try:
             await progress.until(lambda: all(len(t) >= _WARM_TOKENS for t in progress.times), timeout)
             for _ in range(repeats):
-                arrival = time.perf_counter()
+                arrival = asyncio.get_running_loop().time()
                 done = await timed_stream(c, completion_body(model, token_prompt(rng, long), 2))
                 windows.append((arrival, done.token_times[0]))
                 await progress.until_tokens(0, len(first) + _BETWEEN_TOKENS, timeout)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -123,12 +122,13 @@ class BurstProber:
     async def _settled(self, count: float) -> tuple[float, float] | None:
         """The histograms once they count every burst request (a server may record a finished
         request a moment after its last token went out)."""
-        deadline = time.monotonic() + _SETTLE_DEADLINE_S
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + _SETTLE_DEADLINE_S
         while True:
             now = await scrape(self.client)
             if now is None or now[0] >= count:
                 return now if now is not None and now[0] == count else None
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 return None
             await asyncio.sleep(0.05)
 

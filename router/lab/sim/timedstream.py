@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -85,7 +84,8 @@ async def timed_stream(
 ) -> TimedStream:
     """Send `body` and time every token; `on_token` sees each arrival as it happens, so a caller
     can follow a stream's progress while it runs."""
-    start = time.perf_counter()
+    clock = asyncio.get_running_loop().time  # the loop's clock: virtual on a VirtualTimeLoop
+    start = clock()
     times: list[float] = []
     prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 0
     try:
@@ -96,7 +96,7 @@ async def timed_stream(
                 if not line.startswith("data: {"):
                     continue
                 event = orjson.loads(line[6:])
-                now = time.perf_counter()
+                now = clock()
                 for choice in event.get("choices") or ():
                     for _ in range(_event_tokens(choice)):
                         times.append(now)
@@ -165,10 +165,11 @@ class PauseDetector:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _watch(self) -> None:
+        clock = asyncio.get_running_loop().time
         while True:
-            before = time.perf_counter()
+            before = clock()
             await asyncio.sleep(self.tick)
-            after = time.perf_counter()
+            after = clock()
             if after - before - self.tick > self.threshold:
                 self.pauses.append((before + self.tick, after))
 
