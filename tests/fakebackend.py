@@ -32,6 +32,9 @@ class Behaviour:
     model: str = "fake-model"
     version: str = "0.32.0"
     honor_max_tokens: bool = False
+    # When set, a generation waits for it before answering: the test decides how long a request
+    # holds its slot, whatever the machine's speed.
+    hold: asyncio.Event | None = None
 
 
 @dataclass
@@ -121,6 +124,8 @@ class FakeBackend:
             tokens = request["max_tokens"]
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
+            if b.hold is not None:
+                await _until_first(watcher, b.hold)
             if request.get("stream"):
                 await self._stream(send, watcher, tokens, _wants_usage(request))
             else:
@@ -203,6 +208,17 @@ def _usage_event(tokens: int, model: str) -> bytes:
 async def _sleep_unless(watcher: asyncio.Future[None], delay: float) -> None:
     done, _ = await asyncio.wait([watcher], timeout=delay)
     if done:
+        raise asyncio.CancelledError
+
+
+async def _until_first(watcher: asyncio.Future[None], hold: asyncio.Event) -> None:
+    """Wait until the test lets the request go; a client that leaves first aborts it."""
+    released = asyncio.ensure_future(hold.wait())
+    try:
+        await asyncio.wait([watcher, released], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        released.cancel()
+    if watcher.done():
         raise asyncio.CancelledError
 
 

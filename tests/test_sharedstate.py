@@ -109,10 +109,11 @@ async def test_concurrency_slots_are_shared_and_released(redis: RedisServer, rep
 
 
 async def test_the_scripts_agree_with_the_memory_store(redis: RedisServer, replicas: Replicas) -> None:
-    """The same operations on both stores give the same verdicts (at one instant for the memory
-    store; Redis's clock moves a few milliseconds, which refills less than one of anything)."""
-    shared = RedisRateStore(replicas.open(redis.url))
-    memory = MemoryRateStore()
+    """The same operations on both stores give the same verdicts and levels. The scripts read
+    Redis's clock, which moves while they run; each writes the instant it used into the key's
+    hash (`u`), and the memory store replays the script at those same instants."""
+    state = replicas.open(redis.url)
+    shared = RedisRateStore(state)
     limits = Limits(rpm=5, tpm=1000, max_concurrency=3)
     script: list[tuple[str, int, int | None]] = [
         ("acquire", 400, None),
@@ -127,22 +128,40 @@ async def test_the_scripts_agree_with_the_memory_store(redis: RedisServer, repli
         ("acquire", 10, None),
         ("acquire", 10, None),  # three in flight
     ]
+    Outcome = tuple[bool, str, int | None, int | None]
 
-    async def run(store: RateStore) -> list[tuple[bool, str, int | None, int | None]]:
+    async def run(store: RateStore, clock: Callable[[int], float], after: Callable[[], Any]) -> list[Outcome]:
         out = []
-        for op, tokens, used in script:
+        for i, (op, tokens, used) in enumerate(script):
+            now = clock(i)
             if op == "acquire":
-                v: Verdict = await store.acquire("k", limits, tokens, 0.0)
+                v: Verdict = await store.acquire("k", limits, tokens, now)
                 out.append((v.allowed, v.reason, v.remaining_requests, v.remaining_tokens))
             elif op == "settle":
-                await store.settle("k", limits, tokens, used, 0.0)
+                await store.settle("k", limits, tokens, used, now)
             else:
-                await store.refund("k", limits, tokens, 0.0)
+                await store.refund("k", limits, tokens, now)
+            await after()
         return out
 
-    expected = await run(memory)
-    assert [a for a, *_ in expected] == [True, True, False, False, True, False, True, True, False]
-    assert await run(shared) == expected
+    client = redis.client()
+    instants: list[float] = []
+
+    async def note_instant() -> None:
+        # '%.17g' in the script: the float read back is the very one the script computed with.
+        instants.append(float(await client.hget(state.key("rate", "k"), "u")))
+
+    async def nothing() -> None:
+        return None
+
+    try:
+        got = await run(shared, lambda i: 0.0, note_instant)
+    finally:
+        await client.aclose()
+    # At one instant (as on a quiet machine): the verdicts the script is written to produce.
+    at_once = await run(MemoryRateStore(), lambda i: 0.0, nothing)
+    assert [a for a, *_ in at_once] == [True, True, False, False, True, False, True, True, False]
+    assert got == await run(MemoryRateStore(), lambda i: instants[i], nothing)
 
 
 async def test_a_key_expires_once_its_buckets_would_be_full_again(

@@ -137,21 +137,25 @@ async def test_a_full_lane_queue_refuses_at_once() -> None:
 
 async def test_a_client_leaving_the_queue_frees_its_place() -> None:
     async with router_stack(n_backends=1, shape=shaped(chat={"max_in_flight": 1})) as stack:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=0.3)
+        # The first request holds the lane's only slot until the test lets it go, so the second
+        # waits in the queue however slowly the machine runs.
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
         runtime = stack.state.runtime
         async with stack.client() as client:
             first = asyncio.ensure_future(_post(client, SHORT))
-            await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
+            await stack.wait_until(lambda: len(stack.backends[0].seen) == 1, timeout=30)
             async with stack.client() as other:
                 leaver = asyncio.ensure_future(_post(other, SHORT))
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(30):
                     while runtime.lanes[next(iter(runtime.lanes))].waiting == 0:
                         await asyncio.sleep(0.01)
                 leaver.cancel()
                 await asyncio.gather(leaver, return_exceptions=True)
-            async with asyncio.timeout(2):
+            async with asyncio.timeout(30):
                 while any(lane.waiting for lane in runtime.lanes.values()):
                     await asyncio.sleep(0.01)
+            release.set()
             await first
         assert len(stack.backends[0].seen) == 1
         assert all(lane.in_flight == 0 for lane in runtime.lanes.values())
