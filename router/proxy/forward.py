@@ -73,6 +73,9 @@ class Exchange:
     status: int = 0
     bytes_out: int = 0
     trace_headers: tuple[tuple[bytes, bytes], ...] = ()  # traceparent/tracestate for the backend
+    # The last body message went out: the server reports a disconnect from then on (ASGI), and
+    # that is the exchange ending, not the client leaving.
+    answered: bool = False
 
 
 def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple[bytes, bytes]]:
@@ -277,11 +280,14 @@ async def _relay_direct(runtime: Runtime, response: UpstreamResponse, send: Send
                     return
             more = not response.at_end
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if not more:
+                seen.ex.answered = True
     except UpstreamError as err:
         await _end_with_error(err, seen.is_sse, send)
         return
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        seen.ex.answered = True
     elif seen.is_sse and _lagging(runtime, response, send):
         # The whole answer fit in the socket buffers, but the client is far behind it.
         _mark_slow(runtime, seen.ex)
@@ -333,6 +339,7 @@ async def _relay_decoupled(
         if error is not None:
             raise error
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        seen.ex.answered = True
     finally:
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)

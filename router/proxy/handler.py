@@ -387,7 +387,7 @@ async def _run_watched(
 
     def on_disconnect(_: asyncio.Future[None]) -> None:
         nonlocal gone
-        if not finished:
+        if not finished and not ex.answered:
             gone = True
             task.cancel()
 
