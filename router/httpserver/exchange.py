@@ -186,7 +186,9 @@ class Exchange:
             head_request=scope["method"] == "HEAD",
             http11=scope["http_version"] == "1.1",
             # An unread request body cannot be skipped safely: the connection ends after this.
-            keep_alive=self.keep_alive and self._body_done and not conn.closing,
+            # Body bytes the app left in the buffer are unread too (a 413 over a body that
+            # arrived whole), and they hold the connection's reading paused.
+            keep_alive=self.keep_alive and self._body_done and not self._chunks and not conn.closing,
             date=conn.date,
         )
         self.state = STARTED

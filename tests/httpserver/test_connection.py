@@ -88,6 +88,62 @@ async def test_a_large_body_arrives_in_pieces_bounded_by_the_body_buffer() -> No
     assert max(sizes) <= 64 * 1024 + 256 * 1024  # the buffer plus at most one socket read
 
 
+MAX_BODY = 64 * 1024
+
+
+async def _capped_upload(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+    """Reads the body as the router does: a 413 as soon as it is over the cap, by its declared
+    length before reading any of it, the rest unread."""
+    declared = dict(scope["headers"]).get(b"content-length", b"0")
+    if int(declared) > MAX_BODY:
+        await send_json(send, 413, {"error": "too large"})
+        return
+    got = 0
+    while True:
+        message = await receive()
+        got += len(message.get("body", b""))
+        if got > MAX_BODY:
+            await send_json(send, 413, {"error": "too large"})
+            return
+        if not message.get("more_body"):
+            break
+    await send_json(send, 200, {"got": got})
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["pipelined", "after-the-answer"])
+async def test_an_answer_before_the_body_was_read_closes_the_connection(together: bool) -> None:
+    """A body just over the cap may be buffered whole when the 413 goes out; the next request on
+    that connection must get an answer or a close, never silence."""
+    oversized = request("POST", "/up", b"z" * (70 * 1024))
+    following = request("POST", "/up", b"small")
+    async with serving(Scripted({"/up": _capped_upload})) as server:
+        client = await Raw.open(server.port)
+        try:
+            client.send(oversized + following if together else oversized)
+            refused = await client.response()
+            if not together:
+                client.send(following)
+            rest = await client.closed(timeout=15)
+        finally:
+            client.close()
+    assert refused.status == 413
+    assert refused.headers.get("connection") == "close"
+    assert rest == b""  # closed, and nothing said about the request behind it
+
+
+async def test_a_request_whose_body_the_app_read_whole_keeps_the_connection() -> None:
+    async with serving(Scripted({"/up": _capped_upload})) as server:
+        client = await Raw.open(server.port)
+        try:
+            for size in (MAX_BODY, 10):
+                client.send(request("POST", "/up", b"z" * size))
+                resp = await client.response()
+                assert orjson.loads(resp.body) == {"got": size}
+                assert resp.headers.get("connection") != "close"
+        finally:
+            client.close()
+
+
 async def test_head_gets_the_headers_of_get_and_no_body() -> None:
     async def page(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, b"0123456789", b"text/plain")
