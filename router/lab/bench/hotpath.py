@@ -57,6 +57,9 @@ class _Response:
     def at_end(self) -> bool:
         return not self._chunks
 
+    async def wait_body(self) -> None:
+        return None  # the chunks are in memory: the body has begun
+
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._iterate()
 
