@@ -128,7 +128,13 @@ async def run(n: int, stream: bool) -> None:
         return None
 
     for _ in range(n):
-        scope: Message = {"type": "http", "headers": headers, "client": ("127.0.0.1", 5555)}
+        scope: Message = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": headers,
+            "client": ("127.0.0.1", 5555),
+        }
         await handle(rt, PROXIED[b"/v1/chat/completions"], scope, receive, send)
 
 
