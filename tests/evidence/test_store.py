@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -9,6 +11,8 @@ import pytest
 from router.evidence.records import EvidenceError, RecordExistsError, dump_record
 from router.evidence.store import EvidenceStore, load_records, read_record, record_filename
 from tests.evidence.factories import base_record, evolve, rehashed
+
+NOBODY = 65534
 
 
 def test_add_writes_one_file_named_by_the_record_id(tmp_path: Path) -> None:
@@ -107,19 +111,49 @@ def test_what_only_looks_like_a_record_is_refused_not_passed_over(tmp_path: Path
         EvidenceStore(tmp_path).records()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
 def test_a_record_or_store_without_read_permission_is_refused(tmp_path: Path) -> None:
-    store = EvidenceStore(tmp_path / "evidence")
-    path = store.add(base_record())
-    path.chmod(0)
-    with pytest.raises(EvidenceError, match="cannot read: Permission denied"):
-        store.records()
-    store.root.chmod(0)
+    # Root reads a file whatever its mode, so the reader runs as an unprivileged user then.
+    shared = Path(tempfile.mkdtemp(prefix="lane-router-perm-"))
     try:
-        with pytest.raises(EvidenceError, match="evidence: Permission denied"):
-            store.records()
+        shared.chmod(0o755)
+        store = EvidenceStore(shared / "evidence")
+        store.add(base_record()).chmod(0)
+        store.root.chmod(0o755)
+        assert "cannot read: Permission denied" in _read_store_unprivileged(store.root)
+        store.root.chmod(0)
+        assert "evidence: Permission denied" in _read_store_unprivileged(store.root)
     finally:
-        store.root.chmod(0o700)
+        (shared / "evidence").chmod(0o700)
+        shutil.rmtree(shared)
+
+
+def _read_store_unprivileged(root: Path) -> str:
+    """What reading the store says, from a forked child that gave up root first (it runs the
+    modules already loaded, so it needs no access to the interpreter's files)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(reader)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            try:
+                EvidenceStore(root).records()
+                message = "read"
+            except EvidenceError as exc:
+                message = str(exc)
+            os.write(writer, message.encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    try:
+        with os.fdopen(reader, "rb") as answer:
+            said = answer.read().decode()
+    finally:
+        os.waitpid(pid, 0)
+    return said
 
 
 def test_concurrent_writers_of_one_record_leave_exactly_one_file(tmp_path: Path) -> None:
