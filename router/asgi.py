@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -11,6 +11,30 @@ Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+# A server extension of the router's own HTTP server (router/httpserver/): `scope["extensions"]`
+# maps this name to a `BodyWriter` for the request. A relay that holds one writes body parts
+# from an upstream read callback instead of waking its task for every chunk.
+BODY_WRITER = "lane_router.body_writer"
+
+
+class BodyWriter(Protocol):
+    """Writes a started response's body without awaiting: the same bytes `send` would write for
+    `http.response.body` messages."""
+
+    def write_body(self, body: bytes, last: bool) -> bool:
+        """Write `body` (and end the response when `last`); True while the client's transport
+        is full, until `when_writable` calls back."""
+        ...
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the client's transport takes writes again (at once if it does)."""
+        ...
+
+
+def body_writer(scope: Scope) -> BodyWriter | None:
+    extensions = scope.get("extensions")
+    return extensions.get(BODY_WRITER) if extensions else None
 
 
 async def send_bytes(

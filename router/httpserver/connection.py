@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from router.httpserver.deadlines import INF
@@ -34,7 +35,16 @@ DRAIN_S = 10.0
 
 
 class Connection(RequestReader):
-    __slots__ = ("_active", "_ctx", "_draining", "_queue", "_since", "drain_waiter", "write_paused")
+    __slots__ = (
+        "_active",
+        "_ctx",
+        "_draining",
+        "_queue",
+        "_since",
+        "_writable",
+        "drain_waiter",
+        "write_paused",
+    )
 
     def __init__(self, ctx: ServerContext, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(ctx.config, ctx.date, ctx.scheme, loop)
@@ -45,6 +55,7 @@ class Connection(RequestReader):
         self._queue: deque[Exchange] = deque()
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        self._writable: list[Callable[[], None]] = []  # called once writes are taken again
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -81,6 +92,7 @@ class Connection(RequestReader):
         self._queue.clear()
         self._parsing = None
         self.write_paused = False
+        self._writable.clear()  # the client is gone: nobody waits to write to it
         self._wake_writer()
 
     def eof_received(self) -> bool:
@@ -93,7 +105,17 @@ class Connection(RequestReader):
         self.write_paused = False
         self._wake_writer()
 
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        if self.write_paused:
+            self._writable.append(callback)
+        else:
+            callback()
+
     def _wake_writer(self) -> None:
+        if self._writable:
+            callbacks, self._writable = self._writable, []
+            for callback in callbacks:
+                callback()
         waiter = self.drain_waiter
         if waiter is not None:
             self.drain_waiter = None

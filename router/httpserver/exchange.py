@@ -8,8 +8,10 @@ has paused writing."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from router.asgi import BODY_WRITER
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
 from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_error
 
@@ -52,6 +54,7 @@ class Exchange:
     ) -> None:
         # `send.__self__.transport` is how router/slowclient.py `unsent_probe` finds the socket.
         self.transport = conn.transport
+        scope["extensions"] = {BODY_WRITER: self}
         self.scope = scope
         self.keep_alive = keep_alive
         self.state = NEW
@@ -174,6 +177,19 @@ class Exchange:
             self._start(message)
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+    def write_body(self, body: bytes, last: bool) -> bool:
+        """`BodyWriter` (router/asgi.py): a body part written at once, without awaiting."""
+        if self._gone or self.state != STARTED:
+            return False
+        self._write(body, not last)
+        if last:
+            self._finish()
+            return False
+        return self._conn.write_paused
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        self._conn.when_writable(callback)
 
     def _start(self, message: Message) -> None:
         if self.state != NEW:

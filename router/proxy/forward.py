@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router import health
-from router.asgi import Send
+from router.asgi import BodyWriter, Send
 from router.errors import (
     RouterError,
     Unavailable,
@@ -32,9 +32,10 @@ from router.errors import (
     error_event,
 )
 from router.poolgate import PoolGate, Ticket
+from router.proxy.chunklog import ChunkLog, UsageTail
 from router.proxy.response_headers import client_headers
+from router.proxy.splice import DONE, LAGGING, Splice
 from router.proxy.upstream import UpstreamResponse
-from router.ratelimit import USAGE_TAIL_BYTES
 from router.requestrecord import RequestRecord
 from router.runtime import Backend, Lane, Runtime
 from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
@@ -64,7 +65,8 @@ class Exchange:
     stream: bool = True
     prompt_tokens: int = 0
     client: tuple[str, bytes | None, str | None] = ("", None, None)  # key, X-Client-Id, address
-    usage_tail: bytearray | None = None  # the response's last bytes, kept when usage is wanted
+    usage_tail: UsageTail | None = None  # the response's last bytes, kept when usage is wanted
+    writer: BodyWriter | None = None  # the server's direct body writer, when it has one
     method: bytes = b"POST"
     content_type: bytes = b"application/json"
     on_chunk: Callable[[bytes], None] | None = None  # sees each upstream chunk (response ids)
@@ -214,56 +216,39 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
     ex.status = response.status
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
-    seen = _ChunkLog(ex, is_sse)
+    seen = ChunkLog(ex, is_sse)
     if ex.lane.config.decouple:
         await _relay_decoupled(runtime, response, send, seen)
-        return
-    await _relay_direct(runtime, response, send, seen)
+    elif ex.writer is not None:
+        await _relay_spliced(runtime, response, send, seen, ex.writer)
+    else:
+        await _relay_direct(runtime, response, send, seen)
 
 
-_monotonic = time.monotonic
+async def _relay_spliced(
+    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, writer: BodyWriter
+) -> None:
+    """The body from the upstream read callback to the client's socket (router/proxy/splice.py);
+    this task wakes only when it ends."""
+    splice = Splice(seen, writer, response, lambda: _lagging(runtime, response, send))
+    response.attach(splice)
+    try:
+        outcome = await splice.outcome
+    finally:
+        response.detach()
+    if outcome == DONE:
+        if seen.is_sse and _lagging(runtime, response, send):
+            # The whole answer fit in the socket buffers, but the client is far behind it.
+            _mark_slow(runtime, seen.ex)
+    elif outcome == LAGGING:
+        _mark_slow(runtime, seen.ex)
+        await _relay_decoupled(runtime, response, send, seen, splice.pending)
+    else:
+        assert isinstance(outcome, UpstreamError)
+        await _end_with_error(outcome, seen.is_sse, send)
 
 
-class _ChunkLog:
-    """What the router takes from each upstream chunk, however it is relayed: the first byte
-    ends the request's prefill at the gate, later ones time a stream's token gaps, and the tail
-    keeps the usage report."""
-
-    __slots__ = ("_gate", "_observe_gap", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last")
-
-    def __init__(self, ex: Exchange, is_sse: bool) -> None:
-        self.ex = ex
-        self.is_sse = is_sse
-        self.last = 0.0
-        self._gate = ex.lane.pool.gate
-        self._ticket = ex.ticket
-        self._observe_gap = ex.observe_gap
-        self._tail = ex.usage_tail
-        self._on_chunk = ex.on_chunk
-
-    def record(self, chunk: bytes) -> float:
-        """Record `chunk`'s arrival; return the time it was seen."""
-        now = _monotonic()
-        ex = self.ex
-        if ex.first_byte_at is None:
-            ex.first_byte_at = now
-            self._gate.end_prefill(self._ticket)
-        elif self.is_sse:
-            self._observe_gap(now - self.last)
-        self.last = now
-        ex.bytes_out += len(chunk)
-        if self._tail is not None:
-            _keep_tail(self._tail, chunk)
-        if self._on_chunk is not None:
-            self._on_chunk(chunk)
-        return now
-
-    def backend_done(self) -> None:
-        """The backend is done with this request: its slot is free now, not when the client is."""
-        self._gate.end_attempt(self._ticket)
-
-
-async def _relay_direct(runtime: Runtime, response: UpstreamResponse, send: Send, seen: _ChunkLog) -> None:
+async def _relay_direct(runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog) -> None:
     # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
     # socket makes the next sample due at once.
     next_check = time.monotonic() + LAG_CHECK_S
@@ -300,12 +285,6 @@ def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send) -> bool:
     return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))
 
 
-def _keep_tail(tail: bytearray, chunk: bytes) -> None:
-    tail += chunk
-    if len(tail) > USAGE_TAIL_BYTES:
-        del tail[:-USAGE_TAIL_BYTES]
-
-
 async def _end_with_error(err: UpstreamError, is_sse: bool, send: Send) -> None:
     if not is_sse:
         # A JSON body cut short cannot be mended; dropping the connection tells the client.
@@ -320,7 +299,7 @@ def _mark_slow(runtime: Runtime, ex: Exchange) -> None:
 
 
 async def _relay_decoupled(
-    runtime: Runtime, response: UpstreamResponse, send: Send, seen: _ChunkLog, pending: bytes = b""
+    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, pending: bytes = b""
 ) -> None:
     """Feed the client from a buffer that a producer task fills from upstream at the backend's
     pace; the producer waits only when the buffer caps are reached. `pending` is a chunk already
@@ -346,7 +325,7 @@ async def _relay_decoupled(
         buffer.release()
 
 
-async def _pump(response: UpstreamResponse, buffer: StreamBuffer, seen: _ChunkLog) -> None:
+async def _pump(response: UpstreamResponse, buffer: StreamBuffer, seen: ChunkLog) -> None:
     record = seen.record
     try:
         async for chunk in response:

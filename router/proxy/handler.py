@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from router.admission import outside_lane_shape
 from router.apiroutes import ApiRoute
-from router.asgi import Message, Receive, Send
+from router.asgi import Message, Receive, Send, body_writer
 from router.audiofacts import audio_upstream_body, parse_audio_facts
 from router.auth import ApiKey
 from router.balance import Affinity, AffinityRequest, routes_on_affinity
@@ -26,8 +26,9 @@ from router.metrics import RouteMetrics
 from router.multipart import Form
 from router.poolgate import Ticket
 from router.proxy import conversation
+from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange, ResponseAborted, forward
-from router.ratelimit import USAGE_TAIL_BYTES, Limits, estimate_tokens, parse_usage, rate_headers, refusal
+from router.ratelimit import Limits, estimate_tokens, parse_usage, rate_headers, refusal
 from router.requestfields import check_fields
 from router.requestrecord import RequestRecord
 from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
@@ -313,9 +314,10 @@ async def _handle(
         prompt_tokens=facts.prompt_tokens,
         client=(key.name, headers.client_id, address),
         trace_headers=runtime.observer.upstream_headers(rec),
+        writer=body_writer(scope),
     )
     if runtime.observer.wants_usage:
-        ex.usage_tail = bytearray()
+        ex.usage_tail = UsageTail()
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
     if api.endpoint == "responses":
@@ -361,7 +363,7 @@ async def _run_limited(
         return
     ex.response_headers.extend(rate_headers(verdict))
     if key.tpm is not None:
-        ex.usage_tail = bytearray()
+        ex.usage_tail = UsageTail()
     refund = False
     try:
         await _run_watched(runtime, ex, rm, receive, send)
@@ -373,7 +375,7 @@ async def _run_limited(
         if refund:
             await store.refund(key.name, limits, charged, now)
         else:
-            used = parse_usage(bytes(ex.usage_tail[-USAGE_TAIL_BYTES:])) if ex.usage_tail else None
+            used = parse_usage(ex.usage_tail.value()) if ex.usage_tail is not None else None
             await store.settle(key.name, limits, charged, used, now)
 
 
@@ -433,8 +435,9 @@ def _record(ex: Exchange, gone: bool) -> None:
     rec = ex.record
     rec.first_byte_at = ex.first_byte_at
     rec.bytes_out = ex.bytes_out
-    if ex.usage_tail:
-        rec.usage_tail = bytes(ex.usage_tail)
+    tail = ex.usage_tail.value() if ex.usage_tail is not None else b""
+    if tail:
+        rec.usage_tail = tail
     if ex.response_started:
         rec.status = ex.status
     if gone:

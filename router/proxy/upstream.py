@@ -35,7 +35,7 @@ from typing import Any
 from router.errors import UpstreamConnectError
 from router.proxy.http1 import build_head, parse_origin
 from router.proxy.limits import ResponseLimits
-from router.proxy.upstream_connection import UpstreamConnection
+from router.proxy.upstream_connection import BodySink, UpstreamConnection
 from router.tls.upstream import handshake_failure
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
@@ -366,6 +366,23 @@ class UpstreamResponse:
             self._release()
             raise
 
+    def attach(self, sink: BodySink) -> None:
+        """Hand the body to `sink` as it is read (router/proxy/splice.py) instead of iterating."""
+        conn = self._conn
+        if conn is not None:
+            conn.attach(sink)
+
+    def detach(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.detach()
+
+    def resume(self) -> None:
+        """Read again after the attached sink asked to stop."""
+        conn = self._conn
+        if conn is not None:
+            conn.resume_sink()
+
     def __aiter__(self) -> UpstreamResponse:
         return self
 
@@ -420,4 +437,5 @@ class UpstreamResponse:
         conn = self._conn
         if conn is not None:
             self._conn = None
+            conn.detach()
             self._pool._release(conn)

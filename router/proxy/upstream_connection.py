@@ -2,7 +2,8 @@
 
 A connection carries one exchange at a time (no pipelining). Body bytes are handed to the single
 consumer through a deque plus a Future that exists only while the consumer is actually waiting, so
-a chunk that arrives while the consumer is busy costs one append.
+a chunk that arrives while the consumer is busy costs one append — or, with a `BodySink`
+attached, straight from the read callback, once per socket read, with no task woken at all.
 
 The time limits of `ResponseLimits` are deadlines watched by one lazily re-armed timer per
 connection (`DeadlineTimer`): a body read only stamps its time, and the timer, when it fires,
@@ -20,7 +21,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
@@ -38,6 +39,19 @@ IDLE = 0  # no exchange: parked in the pool or freshly connected
 HEADERS = 1  # request sent, waiting for the status line and headers
 BODY = 2  # headers received, body still arriving
 DONE = 3  # the whole response arrived (the consumer may still be draining the buffer)
+
+
+class BodySink(Protocol):
+    """Takes a response body as it is read (router/proxy/splice.py)."""
+
+    def relay(self, data: bytes, last: bool) -> bool:
+        """One read's body bytes (`last`: the body ended with them); False to stop reading
+        until the sink calls `UpstreamConnection.resume_sink`."""
+        ...
+
+    def failed(self, exc: UpstreamError) -> None:
+        """The exchange failed; nothing more will come."""
+        ...
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -60,6 +74,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_on_closed",
         "_parser",
         "_paused",
+        "_sink",
         "_state",
         "_timer",
         "_transport",
@@ -89,6 +104,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = DeadlineTimer(loop, self._on_timer)
         self._last_read = 0.0  # the latest body read
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: BodySink | None = None
         self._paused = False
         self.closed = False
         self.in_pool = False
@@ -213,6 +229,46 @@ class UpstreamConnection(asyncio.Protocol):
         while self._state == BODY and not self._body:
             await self._changed()
 
+    def attach(self, sink: BodySink) -> None:
+        """Hand every body byte from now on to `sink`, starting with what is already here."""
+        self._sink = sink
+        if self._body or self._state == DONE or self._exc is not None:
+            self._deliver()
+
+    def detach(self) -> None:
+        """Body bytes wait in the buffer again, for `take` (which pauses reading by itself when
+        they pile up: a pause the sink asked for ends here)."""
+        self._sink = None
+        if self._paused and not self._body:
+            self._resume()
+
+    def resume_sink(self) -> None:
+        if self._sink is not None and self._paused:
+            self._resume()
+
+    def _deliver(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        body = self._body
+        chunk = b""
+        if body:
+            chunk = body.popleft() if len(body) == 1 else b"".join(body)
+            body.clear()
+            self._buffered = 0
+        exc = self._exc
+        if exc is not None:
+            self._sink = None
+            if chunk:
+                sink.relay(chunk, False)
+            sink.failed(exc)
+            return
+        last = self._state == DONE
+        if last:
+            self._sink = None
+        if not sink.relay(chunk, last) and not last and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
     def abort(self) -> None:
         """Close the socket at once, dropping unread data (the backend sees the client leave)."""
         if self._transport is not None and not self.closed:
@@ -267,6 +323,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._exc = exc
         self.abort()
         self._wake()
+        if self._sink is not None and self._exc is not None:
+            self._deliver()
 
     def _complete(self, keep_alive: bool) -> None:
         self._state = DONE
@@ -292,6 +350,8 @@ class UpstreamConnection(asyncio.Protocol):
                 self._framing_received(len(data))
             else:
                 self._framing_bytes = 0
+                if self._sink is not None:
+                    self._deliver()
         elif state == HEADERS:
             self._head_received(data)
         else:
@@ -344,6 +404,8 @@ class UpstreamConnection(asyncio.Protocol):
     def eof_received(self) -> bool:
         if self._state == BODY and not self._head_request and not body_is_delimited(self._headers):
             self._complete(keep_alive=False)
+            if self._sink is not None:
+                self._deliver()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -361,6 +423,8 @@ class UpstreamConnection(asyncio.Protocol):
                 what = "before responding"
             self._exc = UpstreamClosed(f"{self._label}: the backend closed the connection {what}")
         self._wake()
+        if self._sink is not None and self._exc is not None:
+            self._deliver()
         self._on_closed(self)
 
     # -- httptools callbacks ---------------------------------------------------------------

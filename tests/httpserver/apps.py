@@ -31,7 +31,7 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
         await answer_lifespan(receive, send)
         return
     body, _ = await read_all(receive)
-    seen = {k: v for k, v in scope.items() if k not in ("headers", "raw_path", "query_string")}
+    seen = {k: v for k, v in scope.items() if k not in ("headers", "raw_path", "query_string", "extensions")}
     seen.update(
         raw_path=scope["raw_path"].decode("latin-1"),
         query_string=scope["query_string"].decode("latin-1"),

@@ -1,0 +1,73 @@
+"""Relaying a response body from the upstream connection's read callback straight into the
+client's socket, through the server's `BodyWriter` (router/asgi.py): each upstream read is
+recorded (router/proxy/chunklog.py) and written at once, and the request's task is woken only
+when the body ends, fails, or its client falls behind.
+
+Flow control runs both ways without the task: a write that fills the client's transport stops
+upstream reading until the transport drains. The client's lag is sampled every LAG_CHECK_S and
+whenever its socket fills; a lagging client ends the splice, and the caller relays the rest
+through a buffer (router/proxy/forward.py `_relay_decoupled`), starting with `pending`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from router.asgi import BodyWriter
+from router.errors import UpstreamError
+from router.proxy.chunklog import ChunkLog
+from router.proxy.upstream import UpstreamResponse
+from router.slowclient import LAG_CHECK_S
+
+DONE = "done"
+LAGGING = "lagging"
+Outcome = str | UpstreamError
+
+
+class Splice:
+    __slots__ = ("_lagging", "_next_check", "_record", "_response", "_writer", "outcome", "pending")
+
+    def __init__(
+        self,
+        seen: ChunkLog,
+        writer: BodyWriter,
+        response: UpstreamResponse,
+        lagging: Callable[[], bool],
+    ) -> None:
+        self._record = seen.record
+        self._writer = writer
+        self._response = response
+        self._lagging = lagging
+        self._next_check = time.monotonic() + LAG_CHECK_S
+        self.pending = b""  # a chunk read but not written, when the splice ended on a lagging client
+        self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    def relay(self, data: bytes, last: bool) -> bool:
+        if data:
+            now = self._record(data)
+            if now >= self._next_check and not last:
+                self._next_check = now + LAG_CHECK_S
+                if self._lagging():
+                    self.pending = data
+                    self._settle(LAGGING)
+                    return False
+        if self._writer.write_body(data, last):
+            # The client's socket is full. A client far behind is decoupled now; one that only
+            # paused is waited for, with upstream reads stopped until it drains.
+            if self._lagging():
+                self._settle(LAGGING)
+            else:
+                self._next_check = 0.0
+                self._writer.when_writable(self._response.resume)
+            return False
+        if last:
+            self._settle(DONE)
+        return True
+
+    def failed(self, exc: UpstreamError) -> None:
+        self._settle(exc)
+
+    def _settle(self, outcome: Outcome) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(outcome)
