@@ -9,8 +9,10 @@ a profile is swapped."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from router.leanmetrics import CounterValue, counter, gauge, histogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -68,43 +70,42 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         p = "lane_router_"
-        self.requests = Counter(
+        # What every request or streamed chunk touches is lock-free (router/leanmetrics.py).
+        self.requests = counter(
             p + "requests",
             "Requests answered, by class, lane, pool and HTTP status.",
             [*_ROUTE, "status"],
-            registry=registry,
+            registry,
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             p + "time_to_first_token_seconds",
             "Time from request arrival to the first response body byte.",
             _ROUTE,
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
+            registry,
         )
-        self.itl = Histogram(
+        self.itl = histogram(
             p + "inter_token_latency_seconds",
             "Gap between consecutive streamed chunks relayed to the client.",
             _ROUTE,
-            buckets=_ITL_BUCKETS,
-            registry=registry,
+            _ITL_BUCKETS,
+            registry,
         )
-        self.duration = Histogram(
+        self.duration = histogram(
             p + "request_duration_seconds",
             "Time from request arrival to the last response byte.",
             _ROUTE,
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
+            registry,
         )
-        self.queue_time = Histogram(
+        self.queue_time = histogram(
             p + "queue_time_seconds",
             "Time a request waited for lane admission.",
             ["lane"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
+            registry,
         )
-        self.in_flight = Gauge(
-            p + "in_flight", "Requests being proxied now.", ["lane", "pool"], registry=registry
-        )
+        self.in_flight = gauge(p + "in_flight", "Requests being proxied now.", ["lane", "pool"], registry)
         self.backend_up = Gauge(
             p + "backend_up",
             "1 when the backend is in rotation, else 0.",
@@ -132,11 +133,11 @@ class Metrics:
         self.rejected = Counter(
             p + "rejected", "Requests refused by the router, by reason.", ["reason"], registry=registry
         )
-        self.classified = Counter(
+        self.classified = counter(
             p + "classified",
             "Classification decisions, by class and signal.",
             ["class", "reason"],
-            registry=registry,
+            registry,
         )
         self.client_disconnects = Counter(
             p + "client_disconnects",
@@ -199,13 +200,9 @@ class Metrics:
         )
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
-        self._classified: dict[tuple[str, str], Counter] = {}
 
-    def classified_child(self, cls: str, reason: str) -> Counter:
-        found = self._classified.get((cls, reason))
-        if found is None:
-            found = self._classified[(cls, reason)] = self.classified.labels(cls, reason)
-        return found
+    def classified_child(self, cls: str, reason: str) -> CounterValue:
+        return self.classified.labels(cls, reason)
 
     def route(self, cls: str, lane: str, pool: str) -> RouteMetrics:
         """The children of one class × lane × pool, bound once: `labels()` costs more than the
@@ -241,7 +238,7 @@ class RouteMetrics:
         self.itl = metrics.itl.labels(*key)
         self.duration = metrics.duration.labels(*key)
         self.in_flight = metrics.in_flight.labels(lane, pool)
-        self._requests: dict[str, Counter] = {}
+        self._requests: dict[str, CounterValue] = {}
         self._disconnects: dict[str, Counter] = {}
 
     def request_done(self, status: str) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from router.errors import RateLimited
 
@@ -27,8 +26,9 @@ from router.errors import RateLimited
 REFILL_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+# Limits, levels and verdicts are named tuples: immutable values that cost a request no more
+# than a tuple each, which the request path makes several of.
+class Limits(NamedTuple):
     rpm: int | None = None
     tpm: int | None = None
     max_concurrency: int | None = None
@@ -38,8 +38,7 @@ class Limits:
         return self.rpm is not None or self.tpm is not None or self.max_concurrency is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     allowed: bool
     reason: str = ""  # requests | tokens | concurrency | too_large when refused
     retry_after_s: float = 0.0
@@ -50,8 +49,7 @@ class Verdict:
     recorded: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Levels:
+class Levels(NamedTuple):
     """One key's buckets: requests and tokens left (tokens may be negative after an
     underestimate), and its requests in flight."""
 

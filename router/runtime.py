@@ -26,8 +26,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import Histogram
-
 from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
 from router.backends import Backend, Health, Pool, backend_label
@@ -35,6 +33,7 @@ from router.balance import BalanceHooks, Balancer, make_balancer
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
+from router.leanmetrics import HistogramValue
 from router.metrics import Metrics
 from router.observer import Observer
 from router.prefixes import PrefixHistory
@@ -57,7 +56,7 @@ class Lane:
     config: LaneConfig
     pool: Pool
     balancer: Balancer
-    queue_time: Histogram
+    queue_time: HistogramValue
     in_flight: int = 0
     waiting: int = 0
 

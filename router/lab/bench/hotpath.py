@@ -7,8 +7,10 @@ upstream, so an instruction counter sees only the request path's Python.
 
 The difference of the two totals over 2000 is the cost of one request (both runs pay start-up
 and 200 warm-up requests alike; a source recompiled between them would count too, hence the
-first line). `stream` relays 64 SSE chunks and [DONE]. Run as a file with `PYTHONPATH=TREE` to
-measure another tree of the router.
+first line). `stream` relays 64 SSE chunks and [DONE]. A third argument `limited` gives the
+key rate limits (requests, tokens and concurrency, none of them reached), so the limiter and the
+usage tail are counted too. The request's scope offers the server's body writer, as the router's
+own HTTP server does. Run as a file with `PYTHONPATH=TREE` to measure another tree of the router.
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
 from router.apiroutes import PROXIED
-from router.asgi import Message
+from router.asgi import BODY_WRITER, Message
 from router.auth import hash_key
 from router.config.load import parse_profile
 from router.metrics import Metrics
 from router.proxy.handler import handle
+from router.proxy.upstream_connection import BodySink
 from router.runtime import Runtime, build_runtime
 
 KEY = "hotpath-key"
+_LIMITS: dict[str, Any] = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 100_000}
 _CHUNK = (
     b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","model":"m",'
     b'"choices":[{"index":0,"delta":{"content":" t1"},"finish_reason":null}]}\n\n'
@@ -45,30 +51,97 @@ _WHOLE = orjson.dumps(
 
 
 class _Response:
-    """The part of `UpstreamResponse` the relay uses, over a fixed list of chunks."""
+    """The part of `UpstreamResponse` the relay uses, over a fixed list of chunks. Each chunk
+    arrives in a loop callback of its own, as each socket read does: iterated, it wakes the
+    reading task; attached to a sink (router/proxy/splice.py), it is handed over in the callback."""
 
     def __init__(self, chunks: list[bytes], sse: bool) -> None:
         self.status = 200
         self.headers = [(b"content-type", b"text/event-stream" if sse else b"application/json")]
-        self._chunks = list(chunks)
+        self._chunks: deque[bytes] = deque(chunks)
+        self._arrived: deque[bytes] = deque()
+        self._sink: BodySink | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
         self.buffered = 0
+        self._loop.call_soon(self._read)
+
+    def _read(self) -> None:
+        self._arrived.append(self._chunks.popleft())
+        if self._chunks:
+            self._loop.call_soon(self._read)
+        if self._sink is not None:
+            self._deliver()
+        elif self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _deliver(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        data = b"".join(self._arrived)
+        self._arrived.clear()
+        last = not self._chunks
+        if last:
+            self._sink = None
+        sink.relay(data, last)
 
     @property
     def at_end(self) -> bool:
-        return not self._chunks
+        return not self._chunks and not self._arrived
 
     async def wait_body(self) -> None:
-        return None  # the chunks are in memory: the body has begun
+        while not self._arrived:
+            self._waiter = self._loop.create_future()
+            await self._waiter
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._iterate()
+    def attach(self, sink: BodySink) -> None:
+        self._sink = sink
+        if self._arrived:
+            self._deliver()
 
-    async def _iterate(self) -> AsyncIterator[bytes]:
-        while self._chunks:
-            yield self._chunks.pop(0)
+    def detach(self) -> None:
+        self._sink = None
+
+    def resume(self) -> None:
+        return None
+
+    def __aiter__(self) -> _Response:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._arrived:
+            if not self._chunks:
+                raise StopAsyncIteration
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        return self._arrived.popleft()
 
     async def aclose(self) -> None:
         return None
+
+
+class _Receive:
+    """The request's one body message, then whatever `after` gives."""
+
+    __slots__ = ("_after", "_message")
+
+    def __init__(self, message: Message, after: Callable[[], Awaitable[Message]]) -> None:
+        self._message: Message | None = message
+        self._after = after
+
+    async def __call__(self) -> Message:
+        message, self._message = self._message, None
+        return message if message is not None else await self._after()
+
+
+class _Writer:
+    """The server's `BodyWriter` (router/asgi.py) over a client that takes every write."""
+
+    def write_body(self, body: bytes, last: bool) -> bool:
+        return False
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        callback()
 
 
 class _Upstream:
@@ -82,7 +155,7 @@ class _Upstream:
         return None
 
 
-def runtime(stream: bool) -> Runtime:
+def runtime(stream: bool, limited: bool = False) -> Runtime:
     classes = ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
     data = {
         "profile": "hotpath",
@@ -94,7 +167,7 @@ def runtime(stream: bool) -> Runtime:
             }
         },
         "lanes": {c: {"pool": "p"} for c in classes},
-        "keys": [{"name": "k", "sha256": hash_key(KEY)}],
+        "keys": [{"name": "k", "sha256": hash_key(KEY), **(_LIMITS if limited else {})}],
     }
     rt = build_runtime(parse_profile(data), Metrics())
     chunks = [*[_CHUNK] * 64, b"data: [DONE]\n\n"] if stream else [_WHOLE]
@@ -103,8 +176,8 @@ def runtime(stream: bool) -> Runtime:
     return rt
 
 
-async def run(n: int, stream: bool) -> None:
-    rt = runtime(stream)
+async def run(n: int, stream: bool, limited: bool = False) -> None:
+    rt = runtime(stream, limited)
     body = orjson.dumps(
         {
             "model": "m",
@@ -121,11 +194,15 @@ async def run(n: int, stream: bool) -> None:
     ]
     message: Message = {"type": "http.request", "body": body, "more_body": False}
 
-    async def receive() -> Message:
-        return message
+    async def after_body() -> Message:
+        # The client stays: a disconnect watcher that starts waits, as on a real connection.
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
 
     async def send(m: Message) -> None:
         return None
+
+    writer = _Writer()
 
     for _ in range(n):
         scope: Message = {
@@ -134,15 +211,17 @@ async def run(n: int, stream: bool) -> None:
             "path": "/v1/chat/completions",
             "headers": headers,
             "client": ("127.0.0.1", 5555),
+            "extensions": {BODY_WRITER: writer},
         }
-        await handle(rt, PROXIED[b"/v1/chat/completions"], scope, receive, send)
+        await handle(rt, PROXIED[b"/v1/chat/completions"], scope, _Receive(message, after_body), send)
 
 
 def main(argv: list[str]) -> int:
     stream, n = argv[0] == "stream", int(argv[1])
-    asyncio.run(run(200, stream))
+    limited = argv[2:] == ["limited"]
+    asyncio.run(run(200, stream, limited))
     began = time.process_time()
-    asyncio.run(run(n, stream))
+    asyncio.run(run(n, stream, limited))
     print(f"{argv[0]}: {(time.process_time() - began) / n * 1e6:.1f} µs CPU per request")
     return 0
 

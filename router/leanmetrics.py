@@ -1,0 +1,167 @@
+"""Counters, gauges and histograms for the request path, exposed exactly as prometheus_client's.
+
+prometheus_client guards every value with a lock and walks a histogram's buckets one by one,
+which the router pays several times per request and once per streamed chunk. The router updates
+its metrics only from its event loop's thread, so these values are plain floats; a family is a
+collector on the same registry and yields the same samples, in the same order, under the same
+names (`_total` and `_created` for counters; `_bucket`, `_count`, `_sum` and `_created` for
+histograms), so scrapes, recording rules and dashboards see no difference."""
+
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import INF, floatToGoString
+
+# How prometheus_client writes a bucket's bound ("0.005", "1.0", "+Inf").
+_le_label: Callable[[float], str] = floatToGoString
+
+
+def _created_series() -> bool:
+    # The rule prometheus_client applies to its own metrics, read the same way.
+    return os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in ("true", "1", "t")
+
+
+class CounterValue:
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.value += amount
+
+
+class GaugeValue:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class HistogramValue:
+    __slots__ = ("_bounds", "counts", "created", "le", "sum")
+
+    def __init__(self, bounds: tuple[float, ...], le: tuple[str, ...]) -> None:
+        self._bounds = bounds
+        self.le = le  # the bounds as `le` labels
+        self.counts = [0.0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        # The first bucket whose upper bound is >= amount; the last bound is +Inf.
+        self.counts[bisect_left(self._bounds, amount)] += 1.0
+        self.sum += amount
+
+
+V = TypeVar("V", CounterValue, GaugeValue, HistogramValue)
+
+
+class Family(Generic[V]):
+    """One metric family: a child per label values, made on first use and kept until removed."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        kind: str,
+        make: Callable[[], V],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.kind = kind
+        self._make: Callable[[], V] = make
+        self._children: dict[tuple[str, ...], V] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> V:
+        found = self._children.get(values)
+        if found is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            found = self._children[values] = self._make()
+        return found
+
+    def remove(self, *values: str) -> None:
+        self._children.pop(values, None)
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self.name, self.documentation, self.kind)]
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self.name, self.documentation, self.kind)
+        created = _created_series()
+        for values, child in list(self._children.items()):
+            labels = dict(zip(self.labelnames, values, strict=True))
+            if isinstance(child, CounterValue):
+                metric.add_sample(self.name + "_total", labels, child.value)
+                if created:
+                    metric.add_sample(self.name + "_created", labels, child.created)
+            elif isinstance(child, GaugeValue):
+                metric.add_sample(self.name, labels, child.value)
+            else:
+                _histogram_samples(metric, self.name, labels, child, created)
+        return [metric]
+
+
+def _histogram_samples(
+    metric: Metric, name: str, labels: dict[str, str], child: HistogramValue, created: bool
+) -> None:
+    total = 0.0
+    for le, count in zip(child.le, child.counts, strict=True):
+        total += count
+        metric.add_sample(name + "_bucket", {**labels, "le": le}, total)
+    metric.add_sample(name + "_count", labels, total)
+    metric.add_sample(name + "_sum", labels, child.sum)
+    if created:
+        metric.add_sample(name + "_created", labels, child.created)
+
+
+def counter(
+    name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+) -> Family[CounterValue]:
+    return Family(name, documentation, labelnames, "counter", CounterValue, registry)
+
+
+def gauge(
+    name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+) -> Family[GaugeValue]:
+    return Family(name, documentation, labelnames, "gauge", GaugeValue, registry)
+
+
+def histogram(
+    name: str,
+    documentation: str,
+    labelnames: Sequence[str],
+    buckets: Sequence[float],
+    registry: CollectorRegistry,
+) -> Family[HistogramValue]:
+    bounds = tuple(float(b) for b in buckets)
+    if list(bounds) != sorted(bounds):
+        raise ValueError(f"{name}: buckets not in sorted order")
+    if bounds[-1] != INF:
+        bounds += (INF,)
+    le = tuple(_le_label(b) for b in bounds)
+    return Family(name, documentation, labelnames, "histogram", lambda: HistogramValue(bounds, le), registry)

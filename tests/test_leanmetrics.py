@@ -1,0 +1,78 @@
+"""The lock-free families expose exactly what prometheus_client's own classes expose for the
+same observations: names, labels, bucket bounds, values and sample order."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.leanmetrics import counter, gauge, histogram
+
+BUCKETS = (0.001, 0.005, 0.02, 1.0, 8.0)
+AMOUNTS = (0.0, 0.0005, 0.001, 0.003, 0.005, 0.5, 1.0, 7.9, 8.0, 90.0)
+
+
+def _stable(registry: CollectorRegistry) -> str:
+    # Creation times differ between the two registries; everything else must not.
+    return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", generate_latest(registry).decode())
+
+
+def _fill(requests: Any, in_flight: Any, latency: Any) -> None:
+    for status in ("200", "429", "200"):
+        requests.labels("chat", status).inc()
+    requests.labels("batch", "200").inc(2.5)
+    for amount in AMOUNTS:
+        latency.labels("chat").observe(amount)
+    latency.labels("rag").observe(0.01)
+    lane = in_flight.labels("chat")
+    lane.inc()
+    lane.inc()
+    lane.dec()
+    in_flight.labels("rag").set(4)
+
+
+@pytest.mark.parametrize("created", ["", "true"])
+def test_lean_families_expose_what_prometheus_client_exposes(
+    created: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_DISABLE_CREATED_SERIES", created or "false")
+    theirs = CollectorRegistry()
+    _fill(
+        Counter("x_requests", "Requests.", ["lane", "status"], registry=theirs),
+        Gauge("x_in_flight", "In flight.", ["lane"], registry=theirs),
+        Histogram("x_latency_seconds", "Latency.", ["lane"], buckets=BUCKETS, registry=theirs),
+    )
+    ours = CollectorRegistry()
+    _fill(
+        counter("x_requests", "Requests.", ["lane", "status"], ours),
+        gauge("x_in_flight", "In flight.", ["lane"], ours),
+        histogram("x_latency_seconds", "Latency.", ["lane"], BUCKETS, ours),
+    )
+    if created:
+        # prometheus_client reads the variable once, at import; the families read it per scrape.
+        assert "_created" not in _stable(ours)
+        return
+    assert _stable(ours) == _stable(theirs)
+
+
+def test_a_removed_child_leaves_the_exposition_and_a_wrong_label_count_is_refused() -> None:
+    registry = CollectorRegistry()
+    up = gauge("x_up", "Up.", ["pool", "backend"], registry)
+    up.labels("p", "b0").set(1)
+    up.labels("p", "b1").set(0)
+    up.remove("p", "b0")
+    assert registry.get_sample_value("x_up", {"pool": "p", "backend": "b0"}) is None
+    assert registry.get_sample_value("x_up", {"pool": "p", "backend": "b1"}) == 0.0
+    with pytest.raises(ValueError, match="expected labels"):
+        up.labels("p")
+
+
+def test_a_counter_refuses_to_go_down_and_buckets_must_be_sorted() -> None:
+    registry = CollectorRegistry()
+    with pytest.raises(ValueError, match="non-negative"):
+        counter("x_n", "N.", [], registry).labels().inc(-1)
+    with pytest.raises(ValueError, match="sorted"):
+        histogram("x_h", "H.", [], (1.0, 0.5), registry)
