@@ -219,7 +219,9 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
     seen = ChunkLog(ex, is_sse)
     if ex.lane.config.decouple:
         await _relay_decoupled(runtime, response, send, seen)
-    elif ex.writer is not None:
+    elif ex.writer is not None and is_sse:
+        # A stream's reads go out from the read callback; a whole body is mostly in hand by
+        # now, so the task writes it itself, which costs less than setting up a splice.
         await _relay_spliced(runtime, response, send, seen, ex.writer)
     else:
         await _relay_direct(runtime, response, send, seen)
