@@ -182,6 +182,11 @@ class Exchange:
         """`BodyWriter` (router/asgi.py): a body part written at once, without awaiting."""
         if self._gone or self.state != STARTED:
             return False
+        if self._framing == CHUNKED and not last and 0 < len(body) <= JOIN_LIMIT:
+            # A stream's every read takes this way: its head went out at the start, so the
+            # part is framed and written here without the general `_write`'s branches.
+            self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            return self._conn.write_paused
         self._write(body, not last)
         if last:
             self._finish()

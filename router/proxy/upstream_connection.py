@@ -265,7 +265,12 @@ class UpstreamConnection(asyncio.Protocol):
         last = self._state == DONE
         if last:
             self._sink = None
-        if not sink.relay(chunk, last) and not last and not self._paused and self._transport is not None:
+        if not sink.relay(chunk, last) and not last:
+            self._sink_full()
+
+    def _sink_full(self) -> None:
+        """The sink asked to stop: reading pauses until it calls `resume_sink`."""
+        if not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
 
@@ -343,14 +348,29 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         state = self._state
         if state == BODY:
+            # A stream's every read comes here: the parser is fed inline (not through `_feed`),
+            # and its body goes to the sink at once.
             self._last_read = self._loop.time()
             before = self._buffered
-            self._feed(data)
+            try:
+                self._parser.feed_data(data)
+            except (HttpParserError, HttpParserUpgrade) as exc:
+                self._parse_failed(exc)
             if self._buffered == before and self._state == BODY:
                 self._framing_received(len(data))
             else:
                 self._framing_bytes = 0
-                if self._sink is not None:
+                sink = self._sink
+                if sink is None:
+                    return
+                body = self._body
+                if len(body) == 1 and self._state == BODY and self._exc is None:
+                    # A paced stream's read: one piece, and the body goes on. Handed over here,
+                    # without `_deliver`'s joining and end-of-body checks.
+                    self._buffered = 0
+                    if not sink.relay(body.popleft(), False):
+                        self._sink_full()
+                else:
                     self._deliver()
         elif state == HEADERS:
             self._head_received(data)
@@ -395,9 +415,13 @@ class UpstreamConnection(asyncio.Protocol):
     def _feed(self, data: bytes | memoryview) -> None:
         try:
             self._parser.feed_data(data)
-        except HttpParserUpgrade:
+        except (HttpParserError, HttpParserUpgrade) as exc:
+            self._parse_failed(exc)
+
+    def _parse_failed(self, exc: HttpParserError | HttpParserUpgrade) -> None:
+        if isinstance(exc, HttpParserUpgrade):
             self._fail(UpstreamProtocolError(f"{self._label}: the backend switched protocols"))
-        except HttpParserError as exc:
+        else:
             # A limit hit inside a parser callback has already failed the exchange with its reason.
             self._fail(UpstreamProtocolError(f"{self._label}: malformed response: {exc}"))
 
