@@ -29,9 +29,10 @@ class UsageTail:
     def add(self, chunk: bytes) -> None:
         chunks = self._chunks
         chunks.append(chunk)
-        self._size += len(chunk)
-        while self._size - len(chunks[0]) >= USAGE_TAIL_BYTES:
-            self._size -= len(chunks.popleft())
+        size = self._size + len(chunk)
+        while size - len(chunks[0]) >= USAGE_TAIL_BYTES:
+            size -= len(chunks.popleft())
+        self._size = size
 
     def value(self) -> bytes:
         return b"".join(self._chunks)[-USAGE_TAIL_BYTES:]

@@ -494,8 +494,8 @@ class UpstreamConnection(asyncio.Protocol):
         if not body:  # b"" means the end of the body to the consumer
             return
         self._body.append(body)
-        self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
+        buffered = self._buffered = self._buffered + len(body)
+        if buffered > HIGH_WATER and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
         waiter = self._waiter
