@@ -41,6 +41,7 @@ async def run_app(ctx: ServerContext, ex: Exchange) -> None:
             )
             ex.fail()
     finally:
+        ex.release()
         ctx.finished(ex)
         if ctx.config.access_log:
             _access(ex)

@@ -315,5 +315,12 @@ class Exchange:
         else:
             self.drop()
 
+    def release(self) -> None:
+        """The app has returned: its scope's body writer (this exchange) and its task are no
+        longer needed. Dropped, they no longer tie the exchange, scope, task and coroutine into a
+        cycle, so all of it is freed at once instead of piling up for the cycle collector."""
+        self.task = None
+        self.scope["extensions"] = {}
+
 
 _ORDER = ("before http.response.start", "", "after the response was complete")
