@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest
-from router.tokens import Media, PromptCounter
+from router.tokens import NO_MEDIA, Media, PromptCounter
 
 Prompt = tuple[str, int, int, bool]  # text, prompt tokens, outputs, tool items
 
@@ -43,12 +43,12 @@ def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
     if instructions is not None:
         if not isinstance(instructions, str):
             raise BadRequest("'instructions' must be a string", code="invalid_instructions")
-        tokens += counter.message("system", instructions, "", Media())
+        tokens += counter.message("system", instructions, "", NO_MEDIA)
         texts.append(instructions)
     value = data.get("input")
     tools = False
     if isinstance(value, str):
-        tokens += counter.message("user", value, "", Media())
+        tokens += counter.message("user", value, "", NO_MEDIA)
         texts.append(value)
     elif isinstance(value, list):
         for i, item in enumerate(value):
@@ -75,12 +75,12 @@ def _item(item: Any, i: int, counter: PromptCounter) -> tuple[int, str, bool]:
         text, other, media = _content(item.get("content"), i)
         return counter.message(role, text, other, media), text, False
     serialized = orjson.dumps(item).decode()
-    return counter.message("tool", "", serialized, Media()), serialized, kind in _TOOL_ITEMS
+    return counter.message("tool", "", serialized, NO_MEDIA), serialized, kind in _TOOL_ITEMS
 
 
 def _content(content: Any, i: int) -> tuple[str, str, Media]:
     if content is None or isinstance(content, str):
-        return content or "", "", Media()
+        return content or "", "", NO_MEDIA
     if not isinstance(content, list):
         raise BadRequest(f"input[{i}].content must be a string or an array", code="invalid_input")
     texts: list[str] = []

@@ -30,7 +30,7 @@ from router.apifacts import (
 )
 from router.errors import BadRequest
 from router.requestfields import Endpoint
-from router.tokens import CHARS_PER_TOKEN, Media, PromptCounter, message_text
+from router.tokens import CHARS_PER_TOKEN, NO_MEDIA, Media, PromptCounter, message_text
 
 __all__ = ["PREFIX_BLOCK_CHARS", "Endpoint", "RequestFacts", "parse_facts", "prefix_chain"]
 
@@ -176,7 +176,7 @@ def _chat_prompt(data: dict[str, Any], counter: PromptCounter) -> tuple[str, tup
 def _content(content: Any, i: int) -> tuple[str, str, Media]:
     """The message's text (for fingerprints), its non-content text parts, and its media."""
     if content is None or isinstance(content, str):
-        return content or "", "", Media()
+        return content or "", "", NO_MEDIA
     if not isinstance(content, list):
         raise BadRequest(f"messages[{i}].content must be a string or an array", code="invalid_messages")
     texts: list[str] = []

@@ -102,6 +102,10 @@ class Media:
     video: int = 0
 
 
+# A message without media (the common case) shares this one, rather than building its own.
+NO_MEDIA = Media()
+
+
 class PromptCounter:
     """Counts what a request's prompt costs the engine, as an upper bound."""
 
