@@ -85,17 +85,24 @@ class AccessLog:
         self._thread.start()
 
     def write(self, rec: RequestRecord) -> None:
-        """Queue `rec`'s line; never blocks."""
-        try:
-            if self._dropped:
-                self._queue.put_nowait(self._dropped)
-                self._dropped = 0
-            self._queue.put_nowait(rec)
-        except queue.Full:
+        """Queue `rec`'s line, preceded by the count of lines dropped before it; never blocks."""
+        # Only this thread adds to the queue and the writer only takes from it, so room seen here
+        # is still there for both puts: a count is never queued without the line that follows it.
+        needed = 2 if self._dropped else 1
+        if self._queue.maxsize - self._queue.qsize() < needed:
             self._dropped += 1
+            return
+        if self._dropped:
+            self._queue.put_nowait(self._dropped)
+            self._dropped = 0
+        self._queue.put_nowait(rec)
 
     def close(self) -> None:
-        """Write what is queued, then stop the thread and close the file."""
+        """Write what is queued and the count of lines still unreported as dropped, then stop the
+        thread and close the file."""
+        if self._dropped:
+            self._queue.put(self._dropped)
+            self._dropped = 0
         self._queue.put(_STOP)
         self._thread.join()
         if self._target != STDERR:

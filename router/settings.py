@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     # The JSON access log (router/accesslog.py): a file appended to, or "-" for stderr.
     access_log_file: str | None = Field(None, description='one JSON line per proxied request; "-": stderr')
     access_log_queue: int = Field(
-        10_000, ge=1, description="lines waiting for the writer thread; past it lines are dropped and counted"
+        10_000, ge=2, description="lines waiting for the writer thread; past it lines are dropped and counted"
     )
     watch_config: bool = True
     watch_interval_s: float = Field(1.0, gt=0)
