@@ -19,6 +19,7 @@ from router.metrics import CONTENT_TYPE
 from router.proxy.forward import ResponseAborted
 from router.proxy.handler import ClientGone, Headers, handle
 from router.proxy.stored import handle_stored
+from router.runtime import Runtime
 from router.state import RouterState
 
 Handler = Callable[[RouterState, Message, Receive, Send], Awaitable[None]]
@@ -58,28 +59,27 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
     await send_json(send, 200, {"object": "list", "data": data})
 
 
-def _proxy(api: ApiRoute) -> Handler:
+def _on_runtime(serve: Callable[[Runtime, Message, Receive, Send], Awaitable[None]]) -> Handler:
+    """A handler that serves on the runtime current at its start, held until it ends, so a
+    reload drains what the old runtime started."""
+
     async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
         runtime = state.runtime
         runtime.enter()
         try:
-            await handle(runtime, api, scope, receive, send)
+            await serve(runtime, scope, receive, send)
         finally:
             runtime.leave()
 
     return proxied
+
+
+def _proxy(api: ApiRoute) -> Handler:
+    return _on_runtime(lambda rt, scope, receive, send: handle(rt, api, scope, receive, send))
 
 
 def _stored(route: StoredRoute) -> Handler:
-    async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
-        runtime = state.runtime
-        runtime.enter()
-        try:
-            await handle_stored(runtime, route, scope, receive, send)
-        finally:
-            runtime.leave()
-
-    return proxied
+    return _on_runtime(lambda rt, scope, receive, send: handle_stored(rt, route, scope, receive, send))
 
 
 def _methods(path: bytes) -> dict[str, Handler] | None:
