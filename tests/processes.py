@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 
 import httpx
+
+from router.lab.procs import stop as stop  # one SIGTERM-then-SIGKILL rule for the lab and the tests
 
 
 async def wait_ready(url: str, timeout: float = 30.0) -> None:
@@ -18,18 +19,6 @@ async def wait_ready(url: str, timeout: float = 30.0) -> None:
                 if (await client.get("/ready")).status_code == 200:
                     return
             await asyncio.sleep(0.05)
-
-
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it has not ended within `grace_s`."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
