@@ -34,6 +34,8 @@ BURST_TOKENS = 2  # output tokens of each burst request
 MIN_POINTS = 4  # three serial costs and a constant
 _BURSTS = 12  # simulated bursts per probe with decoding streams, at spread phases of a step
 _GOLDEN = 0.6180339887498949  # successive bursts' phases never repeat and stay evenly spread
+# A fit on a noisy host may put an idle engine's step at 0 s; no real step is shorter than this.
+_MIN_STEP_S = 1e-4
 _ITERATIONS = 8
 # Coefficient units inside the fit (request s, prompt-token s, output-token s): keeps the
 # normal equations well conditioned and the finite-difference steps comparable.
@@ -68,7 +70,7 @@ def _burst_trace(
     """Streams from 0; once they decode, `bursts` bursts one after the other, each given time
     to drain, their starts spread evenly over the phases of a decode step."""
     k, n = point.streams, point.burst
-    step = timing.step_time(0, k, k * (BACKGROUND_PROMPT + WARM_TOKENS))
+    step = max(timing.step_time(0, k, k * (BACKGROUND_PROMPT + WARM_TOKENS)), _MIN_STEP_S)
     admit = k * timing.admission_cost(BACKGROUND_PROMPT)
     warm = (
         admit
