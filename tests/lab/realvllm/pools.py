@@ -48,7 +48,7 @@ def real_profile(urls: Mapping[str, str], tokenizer: Path, **top: Any) -> dict[s
         pool.update(
             model=MODEL_NAME,
             upstream_api_key=POOL_KEYS[name],
-            connect_timeout_s=2.0,
+            connect_timeout_s=10.0,
             read_timeout_s=60.0,
             vllm=dict(POOL_VLLM[name]),
         )

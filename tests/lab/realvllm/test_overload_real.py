@@ -106,7 +106,7 @@ async def spill_router(real_pools: RealPools) -> AsyncIterator[RealRouter]:
             "backends": [real_pools.interactive.url, real_pools.batch.url],
             "model": MODEL_NAME,
             "upstream_api_key": SHARED_KEY,
-            "connect_timeout_s": 2.0,
+            "connect_timeout_s": 10.0,
             "read_timeout_s": 60.0,
             # Two differently tuned servers: the pool declares the narrower one's settings.
             "vllm": dict(POOL_VLLM["batch"]),
