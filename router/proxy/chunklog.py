@@ -18,33 +18,50 @@ _monotonic = time.monotonic
 
 class UsageTail:
     """The last USAGE_TAIL_BYTES of a response, where its usage report is. Chunks are kept by
-    reference and trimmed in whole chunks, so keeping them copies nothing per chunk."""
+    reference, so keeping them copies nothing. Keeping one is a bare append (`keep`, a C method:
+    no Python call per chunk); the relay trims once the response's byte count reaches `due`, so
+    the kept chunks never span much more than twice USAGE_TAIL_BYTES plus one chunk."""
 
-    __slots__ = ("_chunks", "_size")
+    __slots__ = ("_chunks", "due", "keep")
 
     def __init__(self) -> None:
         self._chunks: deque[bytes] = deque()
-        self._size = 0
+        self.keep = self._chunks.append
+        self.due = USAGE_TAIL_BYTES  # the byte count of the response at which to trim
 
-    def add(self, chunk: bytes) -> None:
+    def trim(self, total: int) -> None:
+        """Drop the chunks older than the last USAGE_TAIL_BYTES; `total` is the response's byte
+        count so far, the last kept chunk included."""
         chunks = self._chunks
-        chunks.append(chunk)
-        size = self._size + len(chunk)
-        while size - len(chunks[0]) >= USAGE_TAIL_BYTES:
-            size -= len(chunks.popleft())
-        self._size = size
+        size = 0
+        needed = 0
+        for chunk in reversed(chunks):
+            needed += 1
+            size += len(chunk)
+            if size >= USAGE_TAIL_BYTES:
+                break
+        for _ in range(len(chunks) - needed):
+            chunks.popleft()
+        self.due = total + USAGE_TAIL_BYTES
+
+    @property
+    def held(self) -> int:
+        """Bytes kept now (what a stream costs in memory for its usage report)."""
+        return sum(map(len, self._chunks))
 
     def value(self) -> bytes:
         return b"".join(self._chunks)[-USAGE_TAIL_BYTES:]
 
 
 class ChunkLog:
-    __slots__ = ("_gate", "_observe_gap", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last")
+    __slots__ = ("_gate", "_observe_gap", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last", "timing")
 
     def __init__(self, ex: Exchange, is_sse: bool) -> None:
         self.ex = ex
         self.is_sse = is_sse
         self.last = 0.0
+        # A stream whose first byte was seen: each chunk from now on times a token gap.
+        self.timing = False
         self._gate = ex.lane.pool.gate
         self._ticket = ex.ticket
         self._observe_gap = ex.observe_gap
@@ -55,18 +72,26 @@ class ChunkLog:
         """Record `chunk`'s arrival; return the time it was seen."""
         now = _monotonic()
         ex = self.ex
-        if ex.first_byte_at is None:
-            ex.first_byte_at = now
-            self._gate.end_prefill(self._ticket)
-        elif self.is_sse:
+        if self.timing:
             self._observe_gap(now - self.last)
+        elif ex.first_byte_at is None:
+            self.first_byte(now)
         self.last = now
-        ex.bytes_out += len(chunk)
-        if self._tail is not None:
-            self._tail.add(chunk)
+        total = ex.bytes_out = ex.bytes_out + len(chunk)
+        tail = self._tail
+        if tail is not None:
+            tail.keep(chunk)
+            if total >= tail.due:
+                tail.trim(total)
         if self._on_chunk is not None:
             self._on_chunk(chunk)
         return now
+
+    def first_byte(self, now: float) -> None:
+        """The response's first body byte: its prefill is over."""
+        self.ex.first_byte_at = now
+        self.timing = self.is_sse
+        self._gate.end_prefill(self._ticket)
 
     def backend_done(self) -> None:
         """The backend is done with this request: its slot is free now, not when the client is."""

@@ -1,15 +1,13 @@
 """One keep-alive HTTP/1.1 connection to an upstream: an asyncio Protocol driving httptools.
 
-A connection carries one exchange at a time (no pipelining). Body bytes are handed to the single
-consumer through a deque plus a Future that exists only while the consumer is actually waiting, so
-a chunk that arrives while the consumer is busy costs one append — or, with a `BodySink`
-attached, straight from the read callback, once per socket read, with no task woken at all.
+A connection carries one exchange at a time (no pipelining); the body goes to its one consumer
+through `UpstreamBody` (router/proxy/upstream_body.py).
 
 The time limits of `ResponseLimits` are deadlines watched by one lazily re-armed timer per
 connection (`DeadlineTimer`): a body read only stamps its time, and the timer, when it fires,
 re-arms itself at the deadline the stamps give by then. It is moved earlier only where a deadline
-shortens — at the request, at the head's first byte, at the head's end: a few times per exchange,
-never per chunk.
+shortens — at the request, at a head that does not arrive whole in its first read, at the head's
+end: at most a few times per exchange, never per chunk.
 
 The response head is bounded as it arrives: its bytes and fields are counted in the head state
 only, and past a limit the connection is aborted before more of it is buffered.
@@ -18,70 +16,39 @@ only, and past a limit the connection is aborted before more of it is buffered.
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections import deque
 from collections.abc import Callable
-from typing import Protocol, cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
-from router.errors import UpstreamClosed, UpstreamError, UpstreamProtocolError, UpstreamTimeout
+from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
+from router.proxy.upstream_body import (
+    BODY,
+    HEADERS,
+    HIGH_WATER,
+    IDLE,
+    LOW_WATER,
+    BodySink,
+    UpstreamBody,
+)
 
-# Past HIGH_WATER buffered body bytes reading pauses, so the kernel buffers fill and the backend's
-# writes stall; reading resumes once the consumer drained the buffer to LOW_WATER.
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
-
-# Exchange states.
-IDLE = 0  # no exchange: parked in the pool or freshly connected
-HEADERS = 1  # request sent, waiting for the status line and headers
-BODY = 2  # headers received, body still arriving
-DONE = 3  # the whole response arrived (the consumer may still be draining the buffer)
-
-
-class BodySink(Protocol):
-    """Takes a response body as it is read (router/proxy/splice.py)."""
-
-    def relay(self, data: bytes, last: bool) -> bool:
-        """One read's body bytes (`last`: the body ended with them); False to stop reading
-        until the sink calls `UpstreamConnection.resume_sink`."""
-        ...
-
-    def failed(self, exc: UpstreamError) -> None:
-        """The exchange failed; nothing more will come."""
-        ...
+__all__ = ["HIGH_WATER", "LOW_WATER", "BodySink", "UpstreamConnection"]
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(UpstreamBody):
     __slots__ = (
-        "_body",
-        "_buffered",
-        "_exc",
         "_framing_bytes",
         "_head_bytes",
         "_head_request",
         "_head_since",
         "_headers",
         "_interim",
-        "_keep_alive",
         "_label",
-        "_last_read",
-        "_limits",
-        "_loop",
         "_new_parser_needed",
         "_on_closed",
         "_parser",
-        "_paused",
-        "_sink",
-        "_state",
-        "_timer",
-        "_transport",
-        "_waiter",
-        "closed",
         "got_bytes",
-        "idle_since",
         "in_pool",
         "status",
     )
@@ -93,29 +60,15 @@ class UpstreamConnection(asyncio.Protocol):
         label: str,
         on_closed: Callable[[UpstreamConnection], None],
     ) -> None:
-        self._loop = loop
-        self._limits = limits
+        super().__init__(loop, limits, DeadlineTimer(loop, self._on_timer))
         self._label = label  # names the backend in error messages, which clients may see
         self._on_closed = on_closed
-        self._transport: asyncio.Transport | None = None
         self._parser = HttpResponseParser(self)
         self._new_parser_needed = False
-        self._state = IDLE
-        self._timer = DeadlineTimer(loop, self._on_timer)
-        self._last_read = 0.0  # the latest body read
-        self._waiter: asyncio.Future[None] | None = None
-        self._sink: BodySink | None = None
-        self._paused = False
-        self.closed = False
         self.in_pool = False
-        self.idle_since = 0.0
-        # Per exchange; `send` resets them. The body deque is reused: it is empty between exchanges.
+        # Per exchange; `send` resets them.
         self._head_request = False
         self._interim = False
-        self._keep_alive = False
-        self._exc: UpstreamError | None = None
-        self._body: deque[bytes] = deque()
-        self._buffered = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_since = 0.0  # the request's write, then the head's first byte
         self._head_bytes = 0
@@ -128,29 +81,6 @@ class UpstreamConnection(asyncio.Protocol):
     @property
     def headers(self) -> list[tuple[bytes, bytes]]:
         return self._headers
-
-    @property
-    def buffered(self) -> int:
-        """Body bytes received but not yet taken by the consumer."""
-        return self._buffered
-
-    @property
-    def usable(self) -> bool:
-        """Open and between exchanges: safe to send a new request on."""
-        transport = self._transport
-        # is_closing() covers the gap between abort() and connection_lost().
-        return self._state == IDLE and transport is not None and not transport.is_closing()
-
-    @property
-    def reusable(self) -> bool:
-        """The exchange finished cleanly, its body was consumed and the server allows keep-alive."""
-        return (
-            self._state == DONE
-            and self._keep_alive
-            and self._exc is None
-            and not self._body
-            and not self.closed
-        )
 
     def send(self, head: bytes, body: bytes, *, head_request: bool) -> None:
         transport = self._transport
@@ -178,135 +108,7 @@ class UpstreamConnection(asyncio.Protocol):
             # Avoids copying a large body; uvloop turns this into a single writev.
             transport.writelines((head, body))
 
-    def park(self, now: float) -> None:
-        """Return to IDLE after a reusable exchange, so EOF/data while idle are noticed."""
-        self._state = IDLE
-        self.idle_since = now
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
-
-    @property
-    def drained(self) -> bool:
-        """The whole body arrived and the consumer has taken all of it."""
-        return self._state == DONE and not self._body and self._exc is None
-
-    def take(self) -> bytes | None:
-        """Every body byte received so far, as one chunk; b"" at the end of the body; None if
-        the consumer must wait. One socket read often carries many chunked-encoding pieces
-        (dozens of SSE events under load): handing them over together costs the relay one
-        write per read instead of one per piece."""
-        body = self._body
-        if body:
-            if len(body) == 1:
-                chunk = body.popleft()
-            else:
-                chunk = b"".join(body)
-                body.clear()
-            self._buffered -= len(chunk)
-            if self._paused and self._buffered <= LOW_WATER:
-                self._resume()
-            return chunk
-        if self._exc is not None:
-            raise self._exc
-        if self._state == DONE:
-            return b""
-        return None
-
-    async def next_chunk(self) -> bytes:
-        """Like `take`, waiting until there is something to return."""
-        while (chunk := self.take()) is None:
-            await self._changed()
-        return chunk
-
-    async def wait_headers(self) -> None:
-        # Once the headers are in, a later failure is raised by the body iteration instead.
-        while self._state == HEADERS:
-            await self._changed()
-
-    async def wait_body(self) -> None:
-        """Until a body byte arrived or the body ended; a failure before either is raised."""
-        while self._state == BODY and not self._body:
-            await self._changed()
-
-    def attach(self, sink: BodySink) -> None:
-        """Hand every body byte from now on to `sink`, starting with what is already here."""
-        self._sink = sink
-        if self._body or self._state == DONE or self._exc is not None:
-            self._deliver()
-
-    def detach(self) -> None:
-        """Body bytes wait in the buffer again, for `take` (which pauses reading by itself when
-        they pile up: a pause the sink asked for ends here)."""
-        self._sink = None
-        if self._paused and not self._body:
-            self._resume()
-
-    def resume_sink(self) -> None:
-        if self._sink is not None and self._paused:
-            self._resume()
-
-    def _deliver(self) -> None:
-        sink = self._sink
-        assert sink is not None
-        body = self._body
-        chunk = b""
-        if body:
-            chunk = body.popleft() if len(body) == 1 else b"".join(body)
-            body.clear()
-            self._buffered = 0
-        exc = self._exc
-        if exc is not None:
-            self._sink = None
-            if chunk:
-                sink.relay(chunk, False)
-            sink.failed(exc)
-            return
-        last = self._state == DONE
-        if last:
-            self._sink = None
-        if not sink.relay(chunk, last) and not last:
-            self._sink_full()
-
-    def _sink_full(self) -> None:
-        """The sink asked to stop: reading pauses until it calls `resume_sink`."""
-        if not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
-
-    def abort(self) -> None:
-        """Close the socket at once, dropping unread data (the backend sees the client leave)."""
-        if self._transport is not None and not self.closed:
-            self._transport.abort()
-
-    def close(self) -> None:
-        if self._transport is not None and not self.closed:
-            self._transport.close()
-
     # -- internals -------------------------------------------------------------------------
-
-    async def _changed(self) -> None:
-        """Wait for the next event of the exchange; raise its failure if it already failed."""
-        if self._exc is not None:
-            raise self._exc
-        waiter = self._waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _resume(self) -> None:
-        self._paused = False
-        self._last_read = self._loop.time()
-        if self._transport is not None and not self.closed:
-            self._transport.resume_reading()
-        if self._state == BODY:
-            self._timer.arm_by(self._limits.deadline(IN_BODY, self._last_read))
 
     def _on_timer(self) -> None:
         # While paused the consumer is the slow side, not the backend: no timeout then.
@@ -323,27 +125,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._fail(UpstreamTimeout(f"{self._label}: {self._limits.timed_out(phase)}"))
 
-    def _fail(self, exc: UpstreamError) -> None:
-        if self._exc is None and self._state in (HEADERS, BODY):
-            self._exc = exc
-        self.abort()
-        self._wake()
-        if self._sink is not None and self._exc is not None:
-            self._deliver()
-
-    def _complete(self, keep_alive: bool) -> None:
-        self._state = DONE
-        self._keep_alive = keep_alive
-        self._wake()
-
     # -- asyncio.Protocol ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            # Without it the first small write of a stream can wait for a delayed ACK.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         state = self._state
@@ -358,20 +140,20 @@ class UpstreamConnection(asyncio.Protocol):
                 self._parse_failed(exc)
             if self._buffered == before and self._state == BODY:
                 self._framing_received(len(data))
+                return
+            self._framing_bytes = 0
+            sink = self._sink
+            if sink is None:
+                return
+            body = self._body
+            if len(body) == 1 and self._state == BODY and self._exc is None:
+                # A paced stream's read: one piece, and the body goes on. Handed over here,
+                # without `_deliver`'s joining and end-of-body checks.
+                self._buffered = 0
+                if not sink.relay(body.popleft(), False):
+                    self._sink_full()
             else:
-                self._framing_bytes = 0
-                sink = self._sink
-                if sink is None:
-                    return
-                body = self._body
-                if len(body) == 1 and self._state == BODY and self._exc is None:
-                    # A paced stream's read: one piece, and the body goes on. Handed over here,
-                    # without `_deliver`'s joining and end-of-body checks.
-                    self._buffered = 0
-                    if not sink.relay(body.popleft(), False):
-                        self._sink_full()
-                else:
-                    self._deliver()
+                self._deliver()
         elif state == HEADERS:
             self._head_received(data)
         else:
@@ -384,23 +166,27 @@ class UpstreamConnection(asyncio.Protocol):
         """Feed bytes that begin inside the head; no more than `max_head_bytes` of a head reach
         the parser, which would otherwise keep growing each field it has not finished."""
         limits = self._limits
-        if not self.got_bytes:
+        first = not self.got_bytes
+        if first:
             self.got_bytes = True
-            self._head_since = now = self._loop.time()
-            self._timer.arm_by(limits.deadline(IN_HEAD, now))
+            self._head_since = self._loop.time()
         room = limits.max_head_bytes - self._head_bytes
         if len(data) <= room:
             self._head_bytes += len(data)
             self._feed(data)
-            return
-        view = memoryview(data)
-        self._head_bytes = limits.max_head_bytes
-        self._feed(view[:room])
-        if self._state == HEADERS:
-            msg = f"{self._label}: response head larger than {limits.max_head_bytes} bytes"
-            self._fail(UpstreamProtocolError(msg))
-            return
-        self._feed(view[room:])  # the head ended in time; the rest is body
+        else:
+            view = memoryview(data)
+            self._head_bytes = limits.max_head_bytes
+            self._feed(view[:room])
+            if self._state == HEADERS:
+                msg = f"{self._label}: response head larger than {limits.max_head_bytes} bytes"
+                self._fail(UpstreamProtocolError(msg))
+                return
+            self._feed(view[room:])  # the head ended in time; the rest is body
+        if first and self._state == HEADERS and self._exc is None:
+            # The head did not arrive whole with its first byte: the rest of it is timed now. A
+            # head that did (nearly every one) leaves the timer alone: no re-arm per exchange.
+            self._timer.arm_by(limits.deadline(IN_HEAD, self._head_since))
 
     def _framing_received(self, size: int) -> None:
         """Bytes after the head that carried no body: chunk sizes, extensions and trailers. The
