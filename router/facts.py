@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -54,8 +53,9 @@ _API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] 
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
+# A named tuple, not a frozen dataclass: as immutable, and built once per request for the
+# price of a tuple (a frozen dataclass sets each field through object.__setattr__).
+class RequestFacts(NamedTuple):
     endpoint: Endpoint
     model: str
     stream: bool
@@ -110,18 +110,18 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     if documents is not None:
         prompt_tokens += counter.text(orjson.dumps(documents).decode())
     return RequestFacts(
-        endpoint=endpoint,
-        model=model,
-        stream=stream,
-        max_tokens=_max_tokens(data, endpoint),
-        sequences=prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
-        has_tools=bool(tools) or tool_messages,
-        roles=roles,
-        prompt_tokens=prompt_tokens,
-        prefix_chain=prefix_chain(text),
-        user=_opt_str(data, "user"),
-        include_usage=_include_usage(data),
-        body=data,
+        endpoint,
+        model,
+        stream,
+        _max_tokens(data, endpoint),
+        prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
+        bool(tools) or tool_messages,
+        roles,
+        prompt_tokens,
+        prefix_chain(text),
+        _opt_str(data, "user"),
+        _include_usage(data),
+        data,
     )
 
 

@@ -145,7 +145,8 @@ class RateStore(Protocol):
 
 class MemoryRateStore:
     """The levels of one router process. Keys come from the profile, so the table is as bounded
-    as the key list."""
+    as the key list. Its work never waits, so the request path calls `take` and `release`
+    directly; the coroutines serve callers of the `RateStore` protocol."""
 
     def __init__(self) -> None:
         self._keys: dict[str, tuple[Levels, float]] = {}
@@ -157,7 +158,8 @@ class MemoryRateStore:
         levels, updated = found
         return refill(levels, limits, now - updated)
 
-    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+    def take(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        """`acquire`, without a coroutine."""
         levels = self._current(key, limits, now)
         verdict = judge(levels, limits, tokens)
         if verdict.allowed:
@@ -165,11 +167,22 @@ class MemoryRateStore:
         self._keys[key] = (levels, now)
         return verdict
 
+    def release(
+        self, key: str, limits: Limits, charged: int, used: int | None, now: float, served: bool
+    ) -> None:
+        """`settle` when the request was served, else `refund`, without a coroutine."""
+        levels = self._current(key, limits, now)
+        levels = settled(levels, limits, charged, used) if served else refunded(levels, limits, charged)
+        self._keys[key] = (levels, now)
+
+    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        return self.take(key, limits, tokens, now)
+
     async def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
-        self._keys[key] = (settled(self._current(key, limits, now), limits, charged, used), now)
+        self.release(key, limits, charged, used, now, served=True)
 
     async def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
-        self._keys[key] = (refunded(self._current(key, limits, now), limits, charged), now)
+        self.release(key, limits, charged, None, now, served=False)
 
 
 # A request let through uncounted: the shared levels could not be reached and the policy is open.

@@ -59,10 +59,10 @@ class Lane:
     queue_time: HistogramValue
     in_flight: int = 0
     waiting: int = 0
+    name: str = field(init=False)  # the class's name, read several times by every request
 
-    @property
-    def name(self) -> str:
-        return self.cls.value
+    def __post_init__(self) -> None:
+        self.name = self.cls.value
 
 
 @dataclass(eq=False)
