@@ -136,6 +136,8 @@ def _load(body: bytes) -> dict[str, Any]:
 
 
 def prefix_chain(text: str) -> tuple[bytes, ...]:
+    if len(text) * 4 < PREFIX_BLOCK_CHARS:
+        return ()  # not one block long, whatever its characters' UTF-8 lengths (at most 4)
     raw = text.encode("utf-8", "surrogatepass")
     limit = min(len(raw) // PREFIX_BLOCK_CHARS, PREFIX_MAX_BLOCKS)
     chain: list[bytes] = []
@@ -166,8 +168,14 @@ def _chat_prompt(data: dict[str, Any], counter: PromptCounter) -> tuple[str, tup
             raise BadRequest(f"messages[{i}].tool_calls must be an array", code="invalid_messages")
         roles.append(role)
         tool_messages = tool_messages or role in ("tool", "function") or bool(calls)
-        content, other, media = _content(msg.get("content"), i)
-        tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
+        content = msg.get("content")
+        if len(msg) == 2 and isinstance(content, str):
+            # The common message, a role and a string content: its text is the content and it
+            # has nothing else the template renders.
+            tokens += counter.message(role, content, "", NO_MEDIA)
+        else:
+            content, other, media = _content(content, i)
+            tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
         parts.append(role)
         parts.append(content)
     return "\n".join(parts), tuple(roles), tool_messages, tokens

@@ -63,20 +63,30 @@ class Levels(NamedTuple):
 
 
 def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
-    elapsed = max(0.0, elapsed_s)
+    elapsed = elapsed_s if elapsed_s > 0.0 else 0.0
     requests, tokens = levels.requests, levels.tokens
-    if limits.rpm is not None:
-        requests = min(float(limits.rpm), requests + elapsed * limits.rpm / REFILL_S)
-    if limits.tpm is not None:
-        tokens = min(float(limits.tpm), tokens + elapsed * limits.tpm / REFILL_S)
+    rpm, tpm = limits.rpm, limits.tpm
+    if rpm is not None:
+        requests += elapsed * rpm / REFILL_S
+        if requests > rpm:
+            requests = float(rpm)
+    if tpm is not None:
+        tokens += elapsed * tpm / REFILL_S
+        if tokens > tpm:
+            tokens = float(tpm)
     return Levels(requests, tokens, levels.in_flight)
 
 
 def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
     """May a request of `tokens` estimated tokens start, given the key's refilled levels? An
     allowed verdict reports what remains once it is charged."""
+    return admit(levels, limits, tokens)[0]
+
+
+def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]:
+    """`judge`, with the levels after it: charged when allowed, unchanged when refused."""
     if limits.tpm is not None and tokens > limits.tpm:
-        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits))
+        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits)), levels
     wait = 0.0
     reason = ""
     if limits.rpm is not None and levels.requests < 1.0:
@@ -88,8 +98,9 @@ def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
     if not reason and limits.max_concurrency is not None and levels.in_flight >= limits.max_concurrency:
         wait, reason = 1.0, "concurrency"
     if reason:
-        return Verdict(False, reason, wait, *_remaining(levels, limits))
-    return Verdict(True, "", 0.0, *_remaining(charge(levels, limits, tokens), limits))
+        return Verdict(False, reason, wait, *_remaining(levels, limits)), levels
+    charged = charge(levels, limits, tokens)
+    return Verdict(True, "", 0.0, *_remaining(charged, limits)), charged
 
 
 def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
@@ -160,10 +171,7 @@ class MemoryRateStore:
 
     def take(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
         """`acquire`, without a coroutine."""
-        levels = self._current(key, limits, now)
-        verdict = judge(levels, limits, tokens)
-        if verdict.allowed:
-            levels = charge(levels, limits, tokens)
+        verdict, levels = admit(self._current(key, limits, now), limits, tokens)
         self._keys[key] = (levels, now)
         return verdict
 

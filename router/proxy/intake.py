@@ -17,6 +17,20 @@ class ClientGone(Exception):
 # Headers that decide who a request is and where it goes: a second copy is refused, since
 # proxies in front of the router and the router itself could each read a different one.
 _SINGLE = frozenset({b"authorization", b"x-request-class", b"x-client-id", b"x-session-id"})
+# Each header read, by the attribute that holds it (the last copy, for those not in _SINGLE);
+# `trace` keeps every traceparent and tracestate line.
+_FIELDS = {
+    b"authorization": "authorization",
+    b"content-length": "content_length",
+    b"content-type": "content_type",
+    b"x-request-id": "request_id",
+    b"x-request-class": "request_class",
+    b"accept": "accept",
+    b"x-session-id": "session_id",
+    b"x-client-id": "client_id",
+    b"traceparent": "trace",
+    b"tracestate": "trace",
+}
 
 
 class Headers:
@@ -47,30 +61,19 @@ class Headers:
         seen: set[bytes] = set()
         for name, value in raw:
             n = name.lower()
+            field = _FIELDS.get(n)
+            if field is None:
+                continue
             if n in _SINGLE:
                 if n in seen:
                     raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
                 seen.add(n)
-            if n == b"authorization":
-                self.authorization = value
-            elif n == b"content-length":
-                self.content_length = value
-            elif n == b"content-type":
-                self.content_type = value
-            elif n == b"x-request-id":
-                self.request_id = value
-            elif n == b"x-request-class":
-                self.request_class = value
-            elif n == b"accept":
-                self.accept = value
-            elif n == b"x-session-id":
-                self.session_id = value
-            elif n == b"x-client-id":
-                self.client_id = value
-            elif n == b"traceparent" or n == b"tracestate":
+            if field == "trace":
                 if self.trace is None:
                     self.trace = []
                 self.trace.append((n, value))
+            else:
+                setattr(self, field, value)
 
     def client_trace(self) -> ClientTrace:
         if self.trace is None:

@@ -101,7 +101,8 @@ class _Watch:
     __slots__ = ("_ex", "_receive", "_task", "_timer", "_watcher", "finished", "gone")
 
     def __init__(self, ex: Exchange, receive: Receive) -> None:
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         self._task = task
         self._ex = ex
@@ -109,7 +110,7 @@ class _Watch:
         self._watcher: asyncio.Task[None] | None = None
         self.gone = False
         self.finished = False
-        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._watch)
+        self._timer = loop.call_at(loop.time() + WATCH_AFTER_S, self._watch)
 
     def _watch(self) -> None:
         self._watcher = asyncio.ensure_future(_wait_disconnect(self._receive))
