@@ -1,9 +1,5 @@
 """A decided request's exchange with its backend, under the key's rate limits, watching for the
-client going away.
-
-While the request waits for or relays its response, a watcher listens for the client going
-away; when it does, the request task is cancelled at once, which closes the upstream connection
-(vLLM then aborts the request and frees its KV blocks)."""
+client going away (router/proxy/watch.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from router.proxy.forward import Exchange, forward
 from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
 from router.runtime import Runtime
 
-WATCH_AFTER_S = 0.02
 # The status an access log gives a request whose client left before any response (as nginx does).
 CLIENT_CLOSED = 499
 
@@ -93,51 +88,11 @@ async def _settle_shared(charge: Charge, ex: Exchange, served: bool, now: float)
         await charge.store.refund(charge.key, charge.limits, charge.tokens, now)
 
 
-class _Watch:
-    """Cancels the request's task when its client goes away before the response is answered.
-    Most requests end before a watcher task would pay off; one starts only if the request runs
-    longer than WATCH_AFTER_S, which bounds how late a disconnect can be noticed."""
-
-    __slots__ = ("_ex", "_receive", "_task", "_timer", "_watcher", "finished", "gone")
-
-    def __init__(self, ex: Exchange, receive: Receive) -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
-        assert task is not None
-        self._task = task
-        self._ex = ex
-        self._receive = receive
-        self._watcher: asyncio.Task[None] | None = None
-        self.gone = False
-        self.finished = False
-        self._timer = loop.call_at(loop.time() + WATCH_AFTER_S, self._watch)
-
-    def _watch(self) -> None:
-        self._watcher = asyncio.ensure_future(_wait_disconnect(self._receive))
-        self._watcher.add_done_callback(self._on_disconnect)
-
-    def _on_disconnect(self, _: asyncio.Future[None]) -> None:
-        if not self.finished and not self._ex.answered:
-            self.gone = True
-            self._task.cancel()
-
-    def uncancel(self) -> None:
-        """The cancellation was the watcher's: the request ends normally."""
-        self._task.uncancel()
-
-    def stop(self) -> None:
-        self.finished = True
-        self._timer.cancel()
-        watcher = self._watcher
-        if watcher is not None:
-            watcher.remove_done_callback(self._on_disconnect)
-            watcher.cancel()
-
-
 async def _exchange(
     runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
 ) -> None:
-    watch = _Watch(ex, receive)
+    watchlist = runtime.watchlist
+    watch = watchlist.watch(ex, receive)
     rm.in_flight.inc()
     status = "error"
     served = True
@@ -155,7 +110,7 @@ async def _exchange(
         served = ex.response_started or not isinstance(err, Unavailable)
         raise
     finally:
-        watch.stop()
+        watchlist.drop(watch)
         rm.in_flight.dec()
         now = time.monotonic()
         _observe(ex, rm, status, now)
@@ -189,8 +144,3 @@ def _observe(ex: Exchange, rm: RouteMetrics, status: str, now: float) -> None:
     if ex.first_byte_at is not None:
         rm.ttft.observe(ex.first_byte_at - ex.started)
         rm.duration.observe(now - ex.started)
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
