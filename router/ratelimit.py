@@ -205,9 +205,9 @@ def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int
 def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
     out = []
     if verdict.remaining_requests is not None:
-        out.append((b"x-ratelimit-remaining-requests", str(verdict.remaining_requests).encode()))
+        out.append((b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests))
     if verdict.remaining_tokens is not None:
-        out.append((b"x-ratelimit-remaining-tokens", str(verdict.remaining_tokens).encode()))
+        out.append((b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens))
     return out
 
 
