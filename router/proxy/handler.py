@@ -6,7 +6,7 @@ the key's rate limits and the disconnect watch, is router/proxy/relay.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from router.admission import outside_lane_shape
@@ -49,15 +49,16 @@ def route(
     return classify(facts, key, signals, cfg)
 
 
-async def seen_slow(
+def seen_slow(
     runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, client: str | None
-) -> bool:
+) -> Awaitable[bool] | None:
     """Whether this stream's client was seen lagging, here or (with shared state) by another
-    replica. Only streams are sent to slow_stream, so nothing else is looked up."""
+    replica: the lookup to await, or None when there is nothing to look up (only streams are
+    sent to slow_stream, and an empty memory in a process alone holds no one)."""
     memory = runtime.slow_clients
     if not facts.stream or (memory.shared is None and not len(memory)):
-        return False
-    return await memory.recall(client_identity(key.name, headers.client_id, client), time.monotonic())
+        return None
+    return memory.recall(client_identity(key.name, headers.client_id, client), time.monotonic())
 
 
 def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
@@ -149,7 +150,8 @@ async def _handle(
     if stored is not None:
         facts = facts._replace(prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
     address = _client_address(scope)
-    slow = await seen_slow(runtime, facts, headers, key, address) if facts.stream else False
+    lookup = seen_slow(runtime, facts, headers, key, address)
+    slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
     pool_cfg = lane.pool.config
     bound = output_bound(
