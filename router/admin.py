@@ -10,7 +10,7 @@ from typing import Any
 
 from router.asgi import Message, Receive, Send, send_json
 from router.errors import RouterError
-from router.proxy.handler import Headers
+from router.proxy.intake import Headers
 from router.runtime import Backend, Pool, Runtime
 from router.state import RouterState
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
 from router.errors import Forbidden, Unauthorized
+from router.ratelimit import Limits
 from router.requestfields import FieldPolicy
 
 
@@ -38,6 +39,13 @@ class ApiKey:
     fields: FieldPolicy = field(default_factory=FieldPolicy)
     cache_salt: str | None = None  # set on every request when the profile isolates prefix caches
     routes: frozenset[RouteScope] = frozenset(DEFAULT_ROUTES)
+    # The rate limits as the limiter takes them, None for a key without any: built once here,
+    # read by every request.
+    limits: Limits | None = field(init=False, default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        limits = Limits(self.rpm, self.tpm, self.max_concurrency)
+        object.__setattr__(self, "limits", limits if limits.any else None)
 
     def allow_route(self, scope: RouteScope) -> None:
         if scope not in self.routes:

@@ -3,8 +3,8 @@ repeated-prefix count, the slow-client memory) is looked up by the caller and pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from router.auth import ApiKey
 from router.config.models import ClassifyConfig, RequestClass
@@ -23,14 +23,13 @@ class Reason(StrEnum):
     CONVERSATION = "previous_response"
 
 
-@dataclass(frozen=True, slots=True)
-class Classification:
+# Named tuples: immutable values that cost a request no more than a tuple each.
+class Classification(NamedTuple):
     cls: RequestClass
     reason: Reason
 
 
-@dataclass(frozen=True, slots=True)
-class Signals:
+class Signals(NamedTuple):
     """What the caller observed beside the body."""
 
     header_class: RequestClass | None = None

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -54,8 +53,9 @@ _API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] 
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
+# A named tuple, not a frozen dataclass: as immutable, and built once per request for the
+# price of a tuple (a frozen dataclass sets each field through object.__setattr__).
+class RequestFacts(NamedTuple):
     endpoint: Endpoint
     model: str
     stream: bool
@@ -110,18 +110,18 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     if documents is not None:
         prompt_tokens += counter.text(orjson.dumps(documents).decode())
     return RequestFacts(
-        endpoint=endpoint,
-        model=model,
-        stream=stream,
-        max_tokens=_max_tokens(data, endpoint),
-        sequences=prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
-        has_tools=bool(tools) or tool_messages,
-        roles=roles,
-        prompt_tokens=prompt_tokens,
-        prefix_chain=prefix_chain(text),
-        user=_opt_str(data, "user"),
-        include_usage=_include_usage(data),
-        body=data,
+        endpoint,
+        model,
+        stream,
+        _max_tokens(data, endpoint),
+        prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
+        bool(tools) or tool_messages,
+        roles,
+        prompt_tokens,
+        prefix_chain(text),
+        _opt_str(data, "user"),
+        _include_usage(data),
+        data,
     )
 
 
@@ -136,6 +136,8 @@ def _load(body: bytes) -> dict[str, Any]:
 
 
 def prefix_chain(text: str) -> tuple[bytes, ...]:
+    if len(text) * 4 < PREFIX_BLOCK_CHARS:
+        return ()  # not one block long, whatever its characters' UTF-8 lengths (at most 4)
     raw = text.encode("utf-8", "surrogatepass")
     limit = min(len(raw) // PREFIX_BLOCK_CHARS, PREFIX_MAX_BLOCKS)
     chain: list[bytes] = []
@@ -166,8 +168,14 @@ def _chat_prompt(data: dict[str, Any], counter: PromptCounter) -> tuple[str, tup
             raise BadRequest(f"messages[{i}].tool_calls must be an array", code="invalid_messages")
         roles.append(role)
         tool_messages = tool_messages or role in ("tool", "function") or bool(calls)
-        content, other, media = _content(msg.get("content"), i)
-        tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
+        content = msg.get("content")
+        if len(msg) == 2 and isinstance(content, str):
+            # The common message, a role and a string content: its text is the content and it
+            # has nothing else the template renders.
+            tokens += counter.message(role, content, "", NO_MEDIA)
+        else:
+            content, other, media = _content(content, i)
+            tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
         parts.append(role)
         parts.append(content)
     return "\n".join(parts), tuple(roles), tool_messages, tokens

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from router.accesslog import AccessLog
-from router.requestrecord import RequestRecord, TraceIds
+from router.requestrecord import RequestIds, RequestRecord, TraceIds
 from router.tracecontext import ClientTrace, format_traceparent
 
 if TYPE_CHECKING:
@@ -25,11 +25,12 @@ class Tracer(Protocol):
 
 
 class Observer:
-    __slots__ = ("access", "tracer", "wants_usage")
+    __slots__ = ("access", "ids", "tracer", "wants_usage")
 
     def __init__(self, tracer: Tracer | None = None, access: AccessLog | None = None) -> None:
         self.tracer = tracer
         self.access = access
+        self.ids = RequestIds()  # for requests that bring no usable X-Request-Id
         # The usage report sits in the response's last bytes; they are kept only for a reader.
         self.wants_usage = access is not None
 

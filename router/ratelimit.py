@@ -63,20 +63,30 @@ class Levels(NamedTuple):
 
 
 def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
-    elapsed = max(0.0, elapsed_s)
+    elapsed = elapsed_s if elapsed_s > 0.0 else 0.0
     requests, tokens = levels.requests, levels.tokens
-    if limits.rpm is not None:
-        requests = min(float(limits.rpm), requests + elapsed * limits.rpm / REFILL_S)
-    if limits.tpm is not None:
-        tokens = min(float(limits.tpm), tokens + elapsed * limits.tpm / REFILL_S)
+    rpm, tpm = limits.rpm, limits.tpm
+    if rpm is not None:
+        requests += elapsed * rpm / REFILL_S
+        if requests > rpm:
+            requests = float(rpm)
+    if tpm is not None:
+        tokens += elapsed * tpm / REFILL_S
+        if tokens > tpm:
+            tokens = float(tpm)
     return Levels(requests, tokens, levels.in_flight)
 
 
 def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
     """May a request of `tokens` estimated tokens start, given the key's refilled levels? An
     allowed verdict reports what remains once it is charged."""
+    return admit(levels, limits, tokens)[0]
+
+
+def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]:
+    """`judge`, with the levels after it: charged when allowed, unchanged when refused."""
     if limits.tpm is not None and tokens > limits.tpm:
-        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits))
+        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits)), levels
     wait = 0.0
     reason = ""
     if limits.rpm is not None and levels.requests < 1.0:
@@ -88,8 +98,9 @@ def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
     if not reason and limits.max_concurrency is not None and levels.in_flight >= limits.max_concurrency:
         wait, reason = 1.0, "concurrency"
     if reason:
-        return Verdict(False, reason, wait, *_remaining(levels, limits))
-    return Verdict(True, "", 0.0, *_remaining(charge(levels, limits, tokens), limits))
+        return Verdict(False, reason, wait, *_remaining(levels, limits)), levels
+    charged = charge(levels, limits, tokens)
+    return Verdict(True, "", 0.0, *_remaining(charged, limits)), charged
 
 
 def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
@@ -145,7 +156,8 @@ class RateStore(Protocol):
 
 class MemoryRateStore:
     """The levels of one router process. Keys come from the profile, so the table is as bounded
-    as the key list."""
+    as the key list. Its work never waits, so the request path calls `take` and `release`
+    directly; the coroutines serve callers of the `RateStore` protocol."""
 
     def __init__(self) -> None:
         self._keys: dict[str, tuple[Levels, float]] = {}
@@ -157,19 +169,28 @@ class MemoryRateStore:
         levels, updated = found
         return refill(levels, limits, now - updated)
 
-    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
-        levels = self._current(key, limits, now)
-        verdict = judge(levels, limits, tokens)
-        if verdict.allowed:
-            levels = charge(levels, limits, tokens)
+    def take(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        """`acquire`, without a coroutine."""
+        verdict, levels = admit(self._current(key, limits, now), limits, tokens)
         self._keys[key] = (levels, now)
         return verdict
 
+    def release(
+        self, key: str, limits: Limits, charged: int, used: int | None, now: float, served: bool
+    ) -> None:
+        """`settle` when the request was served, else `refund`, without a coroutine."""
+        levels = self._current(key, limits, now)
+        levels = settled(levels, limits, charged, used) if served else refunded(levels, limits, charged)
+        self._keys[key] = (levels, now)
+
+    async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
+        return self.take(key, limits, tokens, now)
+
     async def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:
-        self._keys[key] = (settled(self._current(key, limits, now), limits, charged, used), now)
+        self.release(key, limits, charged, used, now, served=True)
 
     async def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
-        self._keys[key] = (refunded(self._current(key, limits, now), limits, charged), now)
+        self.release(key, limits, charged, None, now, served=False)
 
 
 # A request let through uncounted: the shared levels could not be reached and the policy is open.
@@ -184,9 +205,9 @@ def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int
 def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
     out = []
     if verdict.remaining_requests is not None:
-        out.append((b"x-ratelimit-remaining-requests", str(verdict.remaining_requests).encode()))
+        out.append((b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests))
     if verdict.remaining_tokens is not None:
-        out.append((b"x-ratelimit-remaining-tokens", str(verdict.remaining_tokens).encode()))
+        out.append((b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens))
     return out
 
 

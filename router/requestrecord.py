@@ -8,6 +8,8 @@ key's name, and token counts."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -16,6 +18,21 @@ from router.tracecontext import NO_CLIENT_TRACE, ClientTrace
 
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+class RequestIds:
+    """Ids for requests that bring none: a random prefix drawn once per process, then a
+    counter. As unique as a random id per request, without reading the system's randomness
+    for each."""
+
+    __slots__ = ("_next", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex().encode()
+        self._next = itertools.count().__next__
+
+    def fresh(self) -> bytes:
+        return b"%s%08x" % (self._prefix, self._next())
 
 
 @dataclass(slots=True)

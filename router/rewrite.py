@@ -15,7 +15,7 @@ written into it. Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -27,8 +27,7 @@ from router.facts import RequestFacts
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-@dataclass(frozen=True, slots=True)
-class OutputCaps:
+class OutputCaps(NamedTuple):
     lane: int | None  # the lane's max_output_tokens: all sequences of a request together
     key: int | None  # the key's `max_tokens` bound: per sequence
     context: int  # the pool's max_model_len

@@ -37,6 +37,7 @@ from router.leanmetrics import HistogramValue
 from router.metrics import Metrics
 from router.observer import Observer
 from router.prefixes import PrefixHistory
+from router.proxy.watch import Watchlist
 from router.ratelimit import MemoryRateStore, RateStore
 from router.redisstores import RedisRateStore, RedisSlowClients
 from router.responseids import ResponseIds
@@ -59,10 +60,10 @@ class Lane:
     queue_time: HistogramValue
     in_flight: int = 0
     waiting: int = 0
+    name: str = field(init=False)  # the class's name, read several times by every request
 
-    @property
-    def name(self) -> str:
-        return self.cls.value
+    def __post_init__(self) -> None:
+        self.name = self.cls.value
 
 
 @dataclass(eq=False)
@@ -84,6 +85,7 @@ class Runtime:
     responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
     observer: Observer = field(default_factory=Observer)  # tracing and the access log, from startup
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
+    watchlist: Watchlist = field(default_factory=Watchlist)  # requests to watch for disconnects
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -68,12 +67,12 @@ def test_pinned_class() -> None:
 
 
 def test_tools_make_an_agent() -> None:
-    assert run(replace(PLAIN, has_tools=True)) == Classification(RequestClass.AGENT, Reason.TOOLS)
+    assert run(PLAIN._replace(has_tools=True)) == Classification(RequestClass.AGENT, Reason.TOOLS)
 
 
 def test_long_prompt_makes_long_context_from_the_threshold_on() -> None:
-    at = run(replace(PLAIN, prompt_tokens=6000))
-    below = run(replace(PLAIN, prompt_tokens=5999))
+    at = run(PLAIN._replace(prompt_tokens=6000))
+    below = run(PLAIN._replace(prompt_tokens=5999))
 
     assert at == Classification(RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT)
     assert below.reason is Reason.DEFAULT
@@ -86,27 +85,27 @@ def test_repeated_prefix_makes_rag_from_seen_on() -> None:
 
 
 def test_large_non_streamed_generation_makes_batch() -> None:
-    at = run(replace(PLAIN, stream=False, max_tokens=256))
+    at = run(PLAIN._replace(stream=False, max_tokens=256))
 
     assert at == Classification(RequestClass.BATCH, Reason.LARGE_GENERATION)
-    assert run(replace(PLAIN, stream=False, max_tokens=255)).reason is Reason.DEFAULT
-    assert run(replace(PLAIN, stream=False, max_tokens=None)).reason is Reason.DEFAULT
+    assert run(PLAIN._replace(stream=False, max_tokens=255)).reason is Reason.DEFAULT
+    assert run(PLAIN._replace(stream=False, max_tokens=None)).reason is Reason.DEFAULT
 
 
 def test_large_streamed_generation_is_not_batch() -> None:
-    assert run(replace(PLAIN, stream=True, max_tokens=4096)).cls is RequestClass.CHAT
+    assert run(PLAIN._replace(stream=True, max_tokens=4096)).cls is RequestClass.CHAT
 
 
 def test_slow_client_only_for_streams() -> None:
     assert run(slow_client=True) == Classification(RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT)
-    assert run(replace(PLAIN, stream=False), slow_client=True) == Classification(
+    assert run(PLAIN._replace(stream=False), slow_client=True) == Classification(
         RequestClass.CHAT, Reason.DEFAULT
     )
 
 
 # --- first match wins ---------------------------------------------------------------------------
 
-EVERYTHING = replace(PLAIN, has_tools=True, prompt_tokens=9000, stream=False, max_tokens=4096)
+EVERYTHING = PLAIN._replace(has_tools=True, prompt_tokens=9000, stream=False, max_tokens=4096)
 
 
 def test_header_beats_a_pinned_key() -> None:
@@ -128,13 +127,13 @@ def test_tools_beat_long_prompt() -> None:
 
 
 def test_long_prompt_beats_repeated_prefix() -> None:
-    facts = replace(EVERYTHING, has_tools=False)
+    facts = EVERYTHING._replace(has_tools=False)
 
     assert run(facts, prefix_seen=9).reason is Reason.LONG_PROMPT
 
 
 def test_repeated_prefix_beats_large_non_streamed_generation() -> None:
-    facts = replace(EVERYTHING, has_tools=False, prompt_tokens=1000)
+    facts = EVERYTHING._replace(has_tools=False, prompt_tokens=1000)
 
     assert run(facts, prefix_seen=9).reason is Reason.REPEATED_PREFIX
     assert run(facts, prefix_seen=0).reason is Reason.LARGE_GENERATION
@@ -145,7 +144,7 @@ def test_repeated_prefix_beats_slow_client() -> None:
 
 
 def test_slow_client_beats_default_but_not_large_generation_signals_of_a_stream() -> None:
-    streamed_large = replace(PLAIN, stream=True, max_tokens=4096)
+    streamed_large = PLAIN._replace(stream=True, max_tokens=4096)
 
     assert run(streamed_large, slow_client=True).reason is Reason.SLOW_CLIENT
 

@@ -113,9 +113,11 @@ class Rotation:
         self._turn = 0
 
     def least(self, candidates: Sequence[C], measure: Callable[[C], float]) -> C:
+        self._turn += 1
+        if len(candidates) == 1:
+            return candidates[0]  # what the rotation below picks for one, without measuring
         lowest = min(measure(c) for c in candidates)
         tied = [c for c in candidates if measure(c) == lowest]
-        self._turn += 1
         return tied[self._turn % len(tied)]
 
 

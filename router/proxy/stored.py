@@ -16,7 +16,9 @@ from router.errors import BadRequest
 from router.poolgate import Ticket
 from router.proxy import conversation
 from router.proxy.forward import Exchange
-from router.proxy.handler import Headers, observed, read_body, relay, start_record, upstream_request_id
+from router.proxy.handler import observed, start_record
+from router.proxy.intake import Headers, read_body, upstream_request_id
+from router.proxy.relay import relay
 from router.requestrecord import RequestRecord
 from router.runtime import Runtime
 

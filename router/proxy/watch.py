@@ -1,0 +1,118 @@
+"""Watching for a client that goes away while its request waits for or relays its response.
+
+When it does, the request's task is cancelled at once, which closes the upstream connection
+(vLLM then aborts the request and frees its KV blocks). Most requests end before a watcher task
+would pay off, so one starts only once a request has run WATCH_AFTER_S, which bounds how late a
+disconnect can be noticed. The requests running are kept in one `Watchlist` per runtime, in the
+order they started, under a single timer set for the oldest: a request that ends sooner costs
+an entry in a dict, not a timer of its own."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from router.asgi import Receive
+
+WATCH_AFTER_S = 0.02
+# A watch due this close is begun with those due now rather than under a timer of its own.
+_EARLY_S = 0.001
+
+
+class Answerable(Protocol):
+    # The last body message went out: the server reports a disconnect from then on (ASGI), and
+    # that is the exchange ending, not the client leaving.
+    answered: bool
+
+
+class Watch:
+    """One request's watch: `gone` once its client left before the response was answered."""
+
+    __slots__ = ("_exchange", "_receive", "_task", "_watcher", "finished", "gone", "started")
+
+    def __init__(
+        self, task: asyncio.Task[None], exchange: Answerable, receive: Receive, started: float
+    ) -> None:
+        self._task = task
+        self._exchange = exchange
+        self._receive = receive
+        self._watcher: asyncio.Task[None] | None = None
+        self.started = started  # the loop's clock
+        self.gone = False
+        self.finished = False
+
+    def begin(self) -> None:
+        """The request has run WATCH_AFTER_S: listen for its client going away."""
+        self._watcher = asyncio.ensure_future(_wait_disconnect(self._receive))
+        self._watcher.add_done_callback(self._on_disconnect)
+
+    def _on_disconnect(self, _: asyncio.Future[None]) -> None:
+        if not self.finished and not self._exchange.answered:
+            self.gone = True
+            self._task.cancel()
+
+    def uncancel(self) -> None:
+        """The cancellation was the watch's own: the request ends normally."""
+        self._task.uncancel()
+
+    def stop(self) -> None:
+        self.finished = True
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.remove_done_callback(self._on_disconnect)
+            watcher.cancel()
+
+
+class Watchlist:
+    """The requests of one runtime not yet watched, oldest first, under one timer."""
+
+    __slots__ = ("_loop", "_timer", "_waiting")
+
+    def __init__(self) -> None:
+        self._waiting: dict[Watch, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def watch(self, exchange: Answerable, receive: Receive) -> Watch:
+        """A watch for the current task, begun WATCH_AFTER_S from now unless dropped first."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        watch = Watch(task, exchange, receive, loop.time())
+        if loop is not self._loop:
+            # A runtime used from a new loop (tests run several) starts its timer afresh.
+            self._loop, self._timer = loop, None
+            self._waiting.clear()
+        self._waiting[watch] = None
+        if self._timer is None:
+            self._timer = loop.call_at(watch.started + WATCH_AFTER_S, self._due)
+        return watch
+
+    def drop(self, watch: Watch) -> None:
+        """The request ended: stop its watch, or drop it from the list if it never began."""
+        watch.stop()
+        self._waiting.pop(watch, None)
+
+    def _due(self) -> None:
+        """Begin every watch that is due; set the timer for the next one."""
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time() + _EARLY_S
+        waiting = self._waiting
+        while waiting:
+            watch = next(iter(waiting))
+            due = watch.started + WATCH_AFTER_S
+            if due > now:
+                self._timer = loop.call_at(due, self._due)
+                return
+            del waiting[watch]
+            watch.begin()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
