@@ -14,7 +14,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 # A server extension of the router's own HTTP server (router/httpserver/): `scope["extensions"]`
 # maps this name to a `BodyWriter` for the request. A relay that holds one writes body parts
-# from an upstream read callback instead of waking its task for every chunk.
+# from an upstream read callback instead of waking its task for every chunk, and a body it has
+# whole together with the response's start.
 BODY_WRITER = "lane_router.body_writer"
 
 
@@ -29,6 +30,11 @@ class BodyWriter(Protocol):
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the client's transport takes writes again (at once if it does)."""
+        ...
+
+    def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
+        """The whole response at once: what `http.response.start` and one last
+        `http.response.body` sent back to back would write, and the same errors."""
         ...
 
 

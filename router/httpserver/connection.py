@@ -32,6 +32,7 @@ CLOSE_FLUSH_S = 30.0
 # A request answered before its body arrived: the rest of the body is read and dropped for up
 # to this long (clients write the whole body before they read), then the connection closes.
 DRAIN_S = 10.0
+TASK_NAME = "lane-router-request"
 
 
 class Connection(RequestReader):
@@ -134,8 +135,7 @@ class Connection(RequestReader):
     def _accept(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> Exchange:
         ex = Exchange(self, scope, keep_alive=keep_alive, expect_continue=expect_continue)
         if self._active is None:
-            self._begin(ex)
-            self.rearm()  # the body's stall deadline may come before the one armed
+            self._begin(ex)  # the read that ends in a body re-arms for the body's deadline
         else:
             self._queue.append(ex)
             self._pause(QUEUED)
@@ -153,7 +153,8 @@ class Connection(RequestReader):
 
     def _begin(self, ex: Exchange) -> None:
         self._active = ex
-        ex.task = self.loop.create_task(run_app(self._ctx, ex))
+        # Named here: the loop's `create_task` would format a "Task-N" name for every request.
+        ex.task = asyncio.Task(run_app(self._ctx, ex), loop=self.loop, name=TASK_NAME)
 
     def response_complete(self, ex: Exchange) -> None:
         if ex is not self._active:

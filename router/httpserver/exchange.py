@@ -8,7 +8,7 @@ has paused writing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from router.asgi import BODY_WRITER
@@ -196,14 +196,36 @@ class Exchange:
     def when_writable(self, callback: Callable[[], None]) -> None:
         self._conn.when_writable(callback)
 
+    def respond(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
+        """`BodyWriter` (router/asgi.py): a whole response, as a start and a last body message
+        sent back to back would make it, its head and body in one write."""
+        if self._gone:
+            return
+        self._head = self._plan(status, headers)
+        self._write(body, False)
+        self._finish()
+
     def _start(self, message: Message) -> None:
+        head = self._plan(message["status"], message.get("headers", ()))
+        if self._framing == CHUNKED:
+            # A stream: its head leaves now, as the client's own timing (and the lag the relay
+            # measures from the socket, router/slowclient.py) starts with it.
+            self.transport.write(head)
+            return
+        # A whole answer: the head waits for the first body message to leave in one write with
+        # it, or for the next loop turn if the app is still working on its body then.
+        self._head = head
+        self._conn.loop.call_soon(self._flush_head)
+
+    def _plan(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+        """The response has started: its head, and how its body goes out."""
         if self.state != NEW:
             raise RuntimeError("http.response.start sent twice")
         scope = self.scope
         conn = self._conn
         head, framing, self._length, keep_alive, self.event_stream = plan_response(
-            message["status"],  # raises on an invalid start: nothing sent, the app's error is a 500
-            message.get("headers", ()),
+            status,  # raises on an invalid start: nothing sent, the app's error is a 500
+            headers,
             head_request=scope["method"] == "HEAD",
             http11=scope["http_version"] == "1.1",
             # An unread request body cannot be skipped safely: the connection ends after this.
@@ -213,18 +235,10 @@ class Exchange:
             date=conn.date,
         )
         self.state = STARTED
-        self.status = message["status"]
+        self.status = status
         self._framing = framing
         self.keep_alive = keep_alive
-        if framing == CHUNKED:
-            # A stream: its head leaves now, as the client's own timing (and the lag the relay
-            # measures from the socket, router/slowclient.py) starts with it.
-            self.transport.write(head)
-            return
-        # A whole answer: the head waits for the first body message to leave in one write with
-        # it, or for the next loop turn if the app is still working on its body then.
-        self._head = head
-        conn.loop.call_soon(self._flush_head)
+        return head
 
     def _flush_head(self) -> None:
         head = self._head

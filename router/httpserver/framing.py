@@ -17,8 +17,10 @@ _CHUNKED_LINE = b"transfer-encoding: chunked\r\n"
 _CLOSE_LINE = b"connection: close\r\n"
 _KEEP_ALIVE_LINE = b"connection: keep-alive\r\n"
 _EVENT_STREAM = b"text/event-stream"
-# The app's headers the server looks at (all others pass as they are).
+# The app's headers the server looks at (all others pass as they are), and their name lengths:
+# a name of another length is passed on without being lowered first.
 _SERVER_READS = frozenset((b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date"))
+_READ_SIZES = frozenset(len(name) for name in _SERVER_READS)
 
 
 # (head, framing, content length or -1, keep-alive, is an event stream): a plain tuple, as one is
@@ -44,23 +46,21 @@ def plan_response(
     length = -1
     event_stream = False
     dated = False
-    written = 0  # app headers kept: four parts each, one line ending
     for name, value in headers:
-        low = name.lower()
-        if low in _SERVER_READS:
+        if len(name) in _READ_SIZES and (low := name.lower()) in _SERVER_READS:
             if low == b"content-length":
                 length = _content_length(value)
             elif low == b"transfer-encoding":
                 continue
             elif low == b"connection":
-                keep_alive = keep_alive and b"close" not in value.lower()
+                keep_alive = keep_alive and value.lower().find(b"close") < 0
                 continue
             elif low == b"content-type":
                 event_stream = value.startswith(_EVENT_STREAM)
             else:
                 dated = True
-        parts += (name, b": ", value, CRLF)
-        written += 1
+        parts += (name, b": ", value, b"\r\n")
+    written = (len(parts) - 1) >> 2  # app headers kept: four parts each, one line ending
     if not dated:
         parts.append(date.line())
     if head_request or status in (204, 304):

@@ -10,6 +10,7 @@ leads to."""
 from __future__ import annotations
 
 import asyncio
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
@@ -35,6 +36,12 @@ BODY_HELD = 2  # the app has not taken the body bytes held for it
 STOPPED = 4  # the connection is ending
 
 
+# The methods' names, decoded once.
+_METHODS = MappingProxyType(
+    {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
+)
+
+
 class _Refused(Exception):
     """Stops the parser from inside a callback; the answer is in `RequestReader._refusal`."""
 
@@ -44,7 +51,6 @@ class RequestReader(Watched):
         "_config",
         "_expect",
         "_head_bytes",
-        "_header_count",
         "_headers",
         "_last_read",
         "_latest",
@@ -77,7 +83,6 @@ class RequestReader(Watched):
         self._paused = 0
         self._last_read = 0.0
         self._head_bytes = 0
-        self._header_count = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._target = b""
         self._expect = False
@@ -110,7 +115,8 @@ class RequestReader(Watched):
         self._last_read = self.loop.time()
         if self._phase != ENDING:
             self._feed(data)
-            if self._timer is None:
+            # A body still to come may have a deadline before the one armed.
+            if self._timer is None or self._phase == BODY:
                 self.rearm()
 
     def _feed(self, data: bytes) -> None:
@@ -161,7 +167,6 @@ class RequestReader(Watched):
         self._phase = HEAD
         self._target = b""
         self._headers = []
-        self._header_count = 0
         self._expect = False
         self._head_started()
 
@@ -171,13 +176,13 @@ class RequestReader(Watched):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._resuming:
             return
-        self._header_count += 1
-        if self._header_count > self._config.max_headers:
+        headers = self._headers
+        if len(headers) >= self._config.max_headers:
             self._stop(431, "too many request headers", "too_many_headers")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect = True
-        self._headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self._resuming:
@@ -193,7 +198,8 @@ class RequestReader(Watched):
         self._phase = BODY
         self._head_bytes = 0
         self._served += 1
-        method = parser.get_method().decode("ascii")
+        raw_method = parser.get_method()
+        method = _METHODS.get(raw_method) or raw_method.decode("ascii")
         scope = http_scope(method, self._target, version, headers, self.endpoints, self._scheme)
         keep_alive = parser.should_keep_alive() and not self.closing and method != "CONNECT"
         self._parsing = self._latest = self._accept(scope, keep_alive, self._expect and version == "1.1")

@@ -11,18 +11,21 @@ from httptools import parse_url
 def split_target(target: bytes) -> tuple[str, bytes, bytes]:
     """(path, raw_path, query_string) of a request target. `path` is percent-decoded and read as
     UTF-8; `raw_path` is the path exactly as sent."""
+    # `find`, not `in`: on bytes, `in` first tries its operand as an integer and raises and
+    # clears a TypeError inside, which costs more than the search itself.
     if target[:1] == b"/":
         raw_path, _, query = target.partition(b"?")
-        if b"#" in query:
-            query = query.partition(b"#")[0]
-        elif b"#" in raw_path:
-            raw_path = raw_path.partition(b"#")[0]
-    elif b"://" in target:  # absolute form: scheme://authority/path?query
+        if target.find(b"#") >= 0:
+            if query.find(b"#") >= 0:
+                query = query.partition(b"#")[0]
+            else:
+                raw_path = raw_path.partition(b"#")[0]
+    elif target.find(b"://") >= 0:  # absolute form: scheme://authority/path?query
         url = parse_url(target)
         raw_path, query = url.path or b"/", url.query or b""
     else:  # asterisk form (OPTIONS *) or authority form (CONNECT host:port)
         raw_path, query = target, b""
-    if b"%" not in raw_path and raw_path.isascii():
+    if raw_path.find(b"%") < 0 and raw_path.isascii():
         return raw_path.decode("ascii"), raw_path, query
     return unquote_to_bytes(raw_path).decode("utf-8", "replace"), raw_path, query
 

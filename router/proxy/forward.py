@@ -102,7 +102,7 @@ async def forward(runtime: Runtime, ex: Exchange, send: Send) -> None:
     finally:
         gate.finish(ex.ticket)
         if response is not None:
-            await response.aclose()
+            response.release()
 
 
 async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
@@ -209,10 +209,23 @@ def _auth_failed(runtime: Runtime, backend: Backend, status: int) -> UpstreamAut
 
 async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
     headers, is_sse = client_headers(response.headers, ex.response_headers)
+    first = b""
     if not is_sse:
         # A status once sent cannot be taken back: wait until the body begins, so a backend
         # that fails in between still gets the client an error envelope, not a 200 cut short.
-        await response.wait_body()
+        writer = ex.writer
+        if writer is None or ex.lane.config.decouple:
+            await response.wait_body()
+        else:
+            # Mostly the whole body is here by now: it goes out with the head, in one write.
+            ready = response.take_ready()
+            if ready is None:
+                await response.wait_body()
+                ready = response.take_ready()
+            first = ready or b""
+            if response.at_end:
+                _answer_whole(ex, response.status, headers, first, writer)
+                return
     ex.status = response.status
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
@@ -224,7 +237,19 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
         # now, so the task writes it itself, which costs less than setting up a splice.
         await _relay_spliced(runtime, response, send, seen, ex.writer)
     else:
-        await _relay_direct(runtime, response, send, seen)
+        await _relay_direct(runtime, response, send, seen, first)
+
+
+def _answer_whole(
+    ex: Exchange, status: int, headers: list[tuple[bytes, bytes]], body: bytes, writer: BodyWriter
+) -> None:
+    """The response in one piece: the head and the whole body, written together."""
+    ex.status = status
+    writer.respond(status, headers, body)
+    ex.response_started = True
+    if body:
+        ChunkLog(ex, False).record(body)
+    ex.answered = True
 
 
 async def _relay_spliced(
@@ -250,12 +275,18 @@ async def _relay_spliced(
         await _end_with_error(outcome, seen.is_sse, send)
 
 
-async def _relay_direct(runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog) -> None:
+async def _relay_direct(
+    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, first: bytes = b""
+) -> None:
+    """`first`: the body's beginning, already taken from the response."""
     # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
     # socket makes the next sample due at once.
     next_check = time.monotonic() + LAG_CHECK_S
     more = True
     record = seen.record
+    if first:
+        record(first)
+        await send({"type": "http.response.body", "body": first, "more_body": True})
     try:
         async for chunk in response:
             now = record(chunk)

@@ -148,7 +148,15 @@ class UpstreamPool:
         conn = self._lease_idle()
         if conn is None:
             conn = await self._acquire()
-        return await self._exchange(conn, head, body, method == b"HEAD")
+        # The exchange in this coroutine, not one of its own: the request's task resumes through
+        # one frame fewer when the head arrives.
+        try:
+            conn.send(head, body, head_request=method == b"HEAD")
+            await conn.wait_headers()
+        except BaseException:
+            self._release(conn)
+            raise
+        return UpstreamResponse(self, conn)
 
     async def aclose(self) -> None:
         """Close idle connections, abort leased ones and fail waiting requests."""
@@ -177,17 +185,6 @@ class UpstreamPool:
         await self.aclose()
 
     # -- leasing ---------------------------------------------------------------------------
-
-    async def _exchange(
-        self, conn: UpstreamConnection, head: bytes, body: bytes, head_request: bool
-    ) -> UpstreamResponse:
-        try:
-            conn.send(head, body, head_request=head_request)
-            await conn.wait_headers()
-        except BaseException:
-            self._release(conn)
-            raise
-        return UpstreamResponse(self, conn)
 
     async def _acquire(self) -> UpstreamConnection:
         """A connection leased to the caller: an idle one, else a new one once there is room."""
@@ -383,6 +380,18 @@ class UpstreamResponse:
         if conn is not None:
             conn.resume_sink()
 
+    def take_ready(self) -> bytes | None:
+        """The body bytes already received, without waiting: b"" at the end of the body, None
+        when none are here yet. `at_end` then tells whether they were the last."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        try:
+            return conn.take()
+        except BaseException:
+            self._release()
+            raise
+
     def __aiter__(self) -> UpstreamResponse:
         return self
 
@@ -420,6 +429,10 @@ class UpstreamResponse:
 
     async def aclose(self) -> None:
         """Return the connection if the body was fully read and keep-alive allowed; else close it now."""
+        self._release()
+
+    def release(self) -> None:
+        """`aclose` without awaiting."""
         self._release()
 
     async def __aenter__(self) -> UpstreamResponse:

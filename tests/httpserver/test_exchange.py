@@ -12,7 +12,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, send_json
+from router.asgi import Receive, Scope, Send, body_writer, send_json
 from router.slowclient import unsent_probe
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import Raw, ask, request, serving
@@ -208,6 +208,48 @@ async def test_a_response_head_with_an_injected_line_is_a_500_and_none_of_it_is_
     async def inject(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"x-request-id", b"1\r\nset-cookie: session=stolen")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async with serving(Scripted({"/inject": inject})) as server:
+        resp = await ask(server.port, request("GET", "/inject"))
+    assert resp.status == 500
+    assert b"stolen" not in resp.head + resp.body
+
+
+async def test_a_whole_response_through_the_body_writer_is_what_start_and_body_would_send() -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+
+    async def by_messages(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def whole(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        writer = body_writer(scope)
+        assert writer is not None
+        writer.respond(201, headers, b"{}")
+        app.note("after response", (await receive())["type"])
+
+    app = Scripted({"/messages": by_messages, "/whole": whole})
+    async with serving(app) as server:
+        client = await Raw.open(server.port)
+        client.send(request("GET", "/messages"))
+        sent = await client.response()
+        client.send(request("GET", "/whole"))  # on the same kept-alive connection
+        answered = await client.response()
+        assert await app.wait_for("after response") == "http.disconnect"
+        client.close()
+    assert (answered.status, answered.body) == (sent.status, sent.body) == (201, b"{}")
+    undated = [{k: v for k, v in r.headers.items() if k != "date"} for r in (answered, sent)]
+    assert undated[0] == undated[1]
+    assert "date" in answered.headers
+
+
+async def test_a_whole_response_with_an_injected_line_is_a_500_and_none_of_it_is_sent() -> None:
+    async def inject(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = body_writer(scope)
+        assert writer is not None
+        writer.respond(200, [(b"x-request-id", b"1\r\nset-cookie: session=stolen")], b"{}")
 
     async with serving(Scripted({"/inject": inject})) as server:
         resp = await ask(server.port, request("GET", "/inject"))

@@ -124,6 +124,34 @@ async def test_content_length_response(serve: ServeFn) -> None:
         assert pool.stats().idle == 1
 
 
+async def test_take_ready_gives_what_arrived_and_at_end_whether_it_was_all(serve: ServeFn) -> None:
+    rest = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
+        await server.next_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello")
+        await writer.drain()
+        await rest.wait()
+        writer.write(b" world")
+        await server.next_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nwhole")
+        await server.wait_eof(reader)
+
+    server = await serve(handler)
+    async with UpstreamPool(server.origin) as pool:
+        response = await pool.request(b"GET", b"/", [], b"")
+        await response.wait_body()
+        assert (response.take_ready(), response.at_end) == (b"hello", False)
+        assert response.take_ready() is None
+        rest.set()
+        assert [part async for part in response] == [b" world"]
+        whole = await pool.request(b"GET", b"/", [], b"")
+        await whole.wait_body()
+        assert (whole.take_ready(), whole.at_end) == (b"whole", True)
+        await whole.aclose()
+        assert pool.stats().idle == 1
+
+
 async def test_chunked_response_with_trailers(serve: ServeFn) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer) -> None:
         await server.next_request(reader)

@@ -94,6 +94,13 @@ class _Response:
             self._waiter = self._loop.create_future()
             await self._waiter
 
+    def take_ready(self) -> bytes | None:
+        if self._arrived:
+            data = b"".join(self._arrived)
+            self._arrived.clear()
+            return data
+        return None if self._chunks else b""
+
     def attach(self, sink: BodySink) -> None:
         self._sink = sink
         if self._arrived:
@@ -119,6 +126,9 @@ class _Response:
     async def aclose(self) -> None:
         return None
 
+    def release(self) -> None:
+        return None
+
 
 class _Receive:
     """The request's one body message, then whatever `after` gives."""
@@ -142,6 +152,9 @@ class _Writer:
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         callback()
+
+    def respond(self, status: int, headers: object, body: bytes) -> None:
+        return None
 
 
 class _Upstream:
