@@ -2,7 +2,8 @@
 load client (`loadclient`), and the experiments run on them.
 
 * the router's own cost: `overhead` against its zero-delay upstream (`zero_backend`), and
-  `sharedstate_overhead`, `upstream_micro`, `hotpath` for single parts of it;
+  `sharedstate_overhead`, `upstream_micro`, `hotpath` for single parts of it, and `wirepath` for
+  the request path with its sockets (the server, the app and the upstream client);
 * the mixed-traffic lab: workload files (`workload`) → seeded traces (`generate`) → real-time
   (`realtime`) or virtual-clock runs (`virtual`, `routing`, `reader`) → per-class statistics
   (`report`), comparisons (`compare`, `comparecmd`, `results`, `render`, `plots`), the demo

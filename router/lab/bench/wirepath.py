@@ -13,7 +13,8 @@ the first connections and the first 200 requests alike). `stream` asks for 64 SS
 request instead of a whole answer. A third argument sets the client's connections (default 1:
 one request at a time, so every request takes the same path through the loop; with more, reads
 batch by the timing of the run). The backend's health is probed once, at start-up, only. Run as
-a file with `PYTHONPATH=TREE` to measure another tree of the router.
+a file with `PYTHONPATH=TREE` to measure another tree of the router (the backend and the client
+still come from this file's tree).
 """
 
 from __future__ import annotations
