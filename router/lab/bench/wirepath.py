@@ -35,6 +35,7 @@ from router import httpserver
 from router.config.load import parse_profile
 from router.lab.bench.peers.targets import lane_router_profile
 from router.lab.procs import child_process, free_ports
+from router.proxy import handler
 from router.server import build_app, server_config
 from router.settings import Settings
 
@@ -74,13 +75,21 @@ def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
     here = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(here)}
     backend_cmd = [sys.executable, "-m", "router.lab.bench.zero_backend", "--port", str(backend)]
-    with child_process(backend_cmd, env=env):
-        # Waited for by a child: a polling loop here would count a varying number of tries.
-        subprocess.run([sys.executable, "-c", _WAIT_READY, str(backend), KEY], env=env, check=True)
-        app = build_app(settings, parse_profile(profile))
-        sock = socket.create_server(("127.0.0.1", port), backlog=4096)
-        with sock:
-            return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
+    # Under an instruction counter a request runs some 50 times slower than natively: long enough
+    # for the handler's disconnect watch to start, which natively it never does for these
+    # requests, and more often the more loaded the machine. Out of reach, the count is the same
+    # however loaded the machine is (its timer is still set and cancelled for each request).
+    watch_after = handler.WATCH_AFTER_S
+    handler.WATCH_AFTER_S = 3600.0
+    try:
+        with child_process(backend_cmd, env=env):
+            # Waited for by a child: a polling loop here would count a varying number of tries.
+            subprocess.run([sys.executable, "-c", _WAIT_READY, str(backend), KEY], env=env, check=True)
+            app = build_app(settings, parse_profile(profile))
+            with socket.create_server(("127.0.0.1", port), backlog=4096) as sock:
+                return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
+    finally:
+        handler.WATCH_AFTER_S = watch_after
 
 
 def main(argv: list[str]) -> int:
