@@ -35,7 +35,7 @@ from router import httpserver
 from router.config.load import parse_profile
 from router.lab.bench.peers.targets import lane_router_profile
 from router.lab.procs import child_process, free_ports
-from router.proxy import handler
+from router.proxy import watch
 from router.server import build_app, server_config
 from router.settings import Settings
 
@@ -78,9 +78,9 @@ def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
     # Under an instruction counter a request runs some 50 times slower than natively: long enough
     # for the handler's disconnect watch to start, which natively it never does for these
     # requests, and more often the more loaded the machine. Out of reach, the count is the same
-    # however loaded the machine is (its timer is still set and cancelled for each request).
-    watch_after = handler.WATCH_AFTER_S
-    handler.WATCH_AFTER_S = 3600.0
+    # however loaded the machine is (each request still enters and leaves the watch list).
+    watch_after = watch.WATCH_AFTER_S
+    watch.WATCH_AFTER_S = 3600.0
     try:
         with child_process(backend_cmd, env=env):
             # Waited for by a child: a polling loop here would count a varying number of tries.
@@ -89,7 +89,7 @@ def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
             with socket.create_server(("127.0.0.1", port), backlog=4096) as sock:
                 return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
     finally:
-        handler.WATCH_AFTER_S = watch_after
+        watch.WATCH_AFTER_S = watch_after
 
 
 def main(argv: list[str]) -> int:
