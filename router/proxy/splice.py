@@ -20,28 +20,13 @@ from router.proxy.chunklog import ChunkLog
 from router.proxy.upstream import UpstreamResponse
 from router.slowclient import LAG_CHECK_S
 
-_monotonic = time.monotonic
-
 DONE = "done"
 LAGGING = "lagging"
 Outcome = str | UpstreamError
 
 
 class Splice:
-    __slots__ = (
-        "_ex",
-        "_lagging",
-        "_next_check",
-        "_observe_gap",
-        "_on_chunk",
-        "_response",
-        "_seen",
-        "_tail",
-        "_write",
-        "_writer",
-        "outcome",
-        "pending",
-    )
+    __slots__ = ("_lagging", "_next_check", "_record", "_response", "_write", "_writer", "outcome", "pending")
 
     def __init__(
         self,
@@ -50,11 +35,7 @@ class Splice:
         response: UpstreamResponse,
         lagging: Callable[[], bool],
     ) -> None:
-        self._seen = seen
-        self._ex = seen.ex
-        self._observe_gap = seen.ex.observe_gap
-        self._tail = seen.ex.usage_tail
-        self._on_chunk = seen.ex.on_chunk
+        self._record = seen.record
         self._writer = writer
         self._write = writer.write_body
         self._response = response
@@ -65,23 +46,7 @@ class Splice:
 
     def relay(self, data: bytes, last: bool) -> bool:
         if data:
-            # `ChunkLog.record`, inlined: this runs once per upstream read of every stream.
-            now = _monotonic()
-            seen = self._seen
-            ex = self._ex
-            if seen.timing:
-                self._observe_gap(now - seen.last)
-            elif ex.first_byte_at is None:
-                seen.first_byte(now)
-            seen.last = now
-            total = ex.bytes_out = ex.bytes_out + len(data)
-            tail = self._tail
-            if tail is not None:
-                tail.keep(data)
-                if total >= tail.due:
-                    tail.trim(total)
-            if self._on_chunk is not None:
-                self._on_chunk(data)
+            now = self._record(data)
             if now >= self._next_check and not last:
                 self._next_check = now + LAG_CHECK_S
                 if self._lagging():
