@@ -38,19 +38,29 @@ _SCAN_LIMIT = 256  # waiters looked at per pass, so one release never costs more
 _NO_BACKEND_RETRY_AFTER_S = 2.0
 
 
-@dataclass(eq=False, slots=True)
 class Ticket:
-    """One request's claim on its pool, and what it holds right now."""
+    """One request's claim on its pool, and what it holds right now. A plain slotted class, not
+    a dataclass: one is built per request; compared by identity."""
 
-    lane: Lane
-    long: bool
-    affinity: Affinity
-    tried: frozenset[Backend] = frozenset()  # backends this request was sent to
-    holds_lane: bool = False
-    backend: Backend | None = None
-    prefilling: bool = False
-    timer: asyncio.TimerHandle | None = None
-    pin: Backend | None = None  # the one backend the request may go to (a stored response's)
+    __slots__ = ("affinity", "backend", "holds_lane", "lane", "long", "pin", "prefilling", "timer", "tried")
+
+    def __init__(
+        self,
+        lane: Lane,
+        long: bool,
+        affinity: Affinity,
+        tried: frozenset[Backend] = frozenset(),
+        pin: Backend | None = None,
+    ) -> None:
+        self.lane = lane
+        self.long = long
+        self.affinity = affinity
+        self.tried = tried  # backends this request was sent to
+        self.holds_lane = False
+        self.backend: Backend | None = None
+        self.prefilling = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.pin = pin  # the one backend the request may go to (a stored response's)
 
 
 @dataclass(eq=False, slots=True)

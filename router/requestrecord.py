@@ -46,35 +46,75 @@ class TraceIds:
     sampled: bool
 
 
-@dataclass(slots=True)
 class RequestRecord:
-    """Times are `time.monotonic()` readings; `wall` is the arrival's `time.time()`."""
+    """Times are `time.monotonic()` readings; `wall` is the arrival's `time.time()`. A plain
+    slotted class, not a dataclass: one is built per request, and this `__init__` takes only
+    what the arrival knows and sets the rest from constants."""
 
-    request_id: bytes
-    route: str
-    wall: float
-    started: float
-    client_trace: ClientTrace = NO_CLIENT_TRACE
-    trace: TraceIds | None = None
-    key_name: str | None = None
-    cls: str | None = None
-    reason: str | None = None
-    lane: str | None = None
-    pool: str | None = None
-    stream: bool | None = None
-    classified_at: float | None = None  # key checked, body parsed, class and lane chosen
-    admitted_at: float | None = None  # a backend slot taken
-    backend: int | None = None  # the backend's index in its pool (its label's number)
-    retries: int = 0
-    connected_at: float | None = None  # the backend's response head received
-    first_byte_at: float | None = None
-    ended: float | None = None
-    status: int = 0
-    error_code: str | None = None
-    client_disconnect: bool = False
-    bytes_in: int = 0
-    bytes_out: int = 0
-    usage_tail: bytes | None = None  # the response's last bytes, where the usage report is
+    __slots__ = (
+        "admitted_at",
+        "backend",
+        "bytes_in",
+        "bytes_out",
+        "classified_at",
+        "client_disconnect",
+        "client_trace",
+        "cls",
+        "connected_at",
+        "ended",
+        "error_code",
+        "first_byte_at",
+        "key_name",
+        "lane",
+        "pool",
+        "reason",
+        "request_id",
+        "retries",
+        "route",
+        "started",
+        "status",
+        "stream",
+        "trace",
+        "usage_tail",
+        "wall",
+    )
+
+    def __init__(
+        self,
+        request_id: bytes,
+        route: str,
+        wall: float,
+        started: float,
+        client_trace: ClientTrace = NO_CLIENT_TRACE,
+    ) -> None:
+        self.request_id = request_id
+        self.route = route
+        self.wall = wall
+        self.started = started
+        self.client_trace = client_trace
+        self.trace: TraceIds | None = None
+        self.key_name: str | None = None
+        self.cls: str | None = None
+        self.reason: str | None = None
+        self.lane: str | None = None
+        self.pool: str | None = None
+        self.stream: bool | None = None
+        self.classified_at: float | None = None  # key checked, body parsed, class and lane chosen
+        self.admitted_at: float | None = None  # a backend slot taken
+        self.backend: int | None = None  # the backend's index in its pool (its label's number)
+        self.retries = 0
+        self.connected_at: float | None = None  # the backend's response head received
+        self.first_byte_at: float | None = None
+        self.ended: float | None = None
+        self.status = 0
+        self.error_code: str | None = None
+        self.client_disconnect = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.usage_tail: bytes | None = None  # the response's last bytes, where the usage report is
+
+    def __repr__(self) -> str:
+        return f"RequestRecord({self.request_id!r}, {self.route!r}, status={self.status})"
 
     def end(self, status: int, now: float | None = None) -> None:
         self.status = status

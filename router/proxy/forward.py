@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from router import health
 from router.asgi import BodyWriter, Send
@@ -48,36 +47,84 @@ AUTH_WARNING_EVERY_S = 60.0
 _SICK = (UpstreamConnectError, UpstreamClosed)
 
 
-@dataclass(slots=True)
 class Exchange:
-    """The per-request state the relay and its caller share."""
+    """The per-request state the relay and its caller share. A plain slotted class, not a
+    dataclass: one is built per request, so `__init__` takes what the caller knows (positional
+    is cheapest) and sets the relay's own state from constants."""
 
-    lane: Lane
-    target: bytes
-    body: bytes
-    request_id: bytes
-    accept: bytes | None
-    ticket: Ticket
-    started: float
-    response_headers: list[tuple[bytes, bytes]]
-    observe_gap: Callable[[float], None]
-    record: RequestRecord  # what the observers read at the end (router/requestrecord.py)
-    stream: bool = True
-    prompt_tokens: int = 0
-    client: tuple[str, bytes | None, str | None] = ("", None, None)  # key, X-Client-Id, address
-    usage_tail: UsageTail | None = None  # the response's last bytes, kept when usage is wanted
-    writer: BodyWriter | None = None  # the server's direct body writer, when it has one
-    method: bytes = b"POST"
-    content_type: bytes = b"application/json"
-    on_chunk: Callable[[bytes], None] | None = None  # sees each upstream chunk (response ids)
-    response_started: bool = False
-    first_byte_at: float | None = None
-    status: int = 0
-    bytes_out: int = 0
-    trace_headers: tuple[tuple[bytes, bytes], ...] = ()  # traceparent/tracestate for the backend
-    # The last body message went out: the server reports a disconnect from then on (ASGI), and
-    # that is the exchange ending, not the client leaving.
-    answered: bool = False
+    __slots__ = (
+        "accept",
+        "answered",
+        "body",
+        "bytes_out",
+        "client",
+        "content_type",
+        "first_byte_at",
+        "lane",
+        "method",
+        "observe_gap",
+        "on_chunk",
+        "prompt_tokens",
+        "record",
+        "request_id",
+        "response_headers",
+        "response_started",
+        "started",
+        "status",
+        "stream",
+        "target",
+        "ticket",
+        "trace_headers",
+        "usage_tail",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        lane: Lane,
+        target: bytes,
+        body: bytes,
+        request_id: bytes,
+        accept: bytes | None,
+        ticket: Ticket,
+        started: float,
+        response_headers: list[tuple[bytes, bytes]],
+        observe_gap: Callable[[float], None],
+        record: RequestRecord,
+        stream: bool = True,
+        prompt_tokens: int = 0,
+        client: tuple[str, bytes | None, str | None] = ("", None, None),
+        usage_tail: UsageTail | None = None,
+        writer: BodyWriter | None = None,
+        method: bytes = b"POST",
+        trace_headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        self.lane = lane
+        self.target = target
+        self.body = body
+        self.request_id = request_id
+        self.accept = accept
+        self.ticket = ticket
+        self.started = started
+        self.response_headers = response_headers
+        self.observe_gap = observe_gap
+        self.record = record  # what the observers read at the end (router/requestrecord.py)
+        self.stream = stream
+        self.prompt_tokens = prompt_tokens
+        self.client = client  # key, X-Client-Id, address
+        self.usage_tail = usage_tail  # the response's last bytes, kept when usage is wanted
+        self.writer = writer  # the server's direct body writer, when it has one
+        self.method = method
+        self.trace_headers = trace_headers  # traceparent/tracestate for the backend
+        self.content_type = b"application/json"
+        self.on_chunk: Callable[[bytes], None] | None = None  # sees each upstream chunk (response ids)
+        self.response_started = False
+        self.first_byte_at: float | None = None
+        self.status = 0
+        self.bytes_out = 0
+        # The last body message went out: the server reports a disconnect from then on (ASGI),
+        # and that is the exchange ending, not the client leaving.
+        self.answered = False
 
 
 def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple[bytes, bytes]]:

@@ -165,34 +165,36 @@ async def _handle(
     rm = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
     rec.classified_at = time.monotonic()
     ticket = Ticket(
-        lane=lane,
-        long=facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
-        affinity=affinity_for(lane, facts, runtime, headers.session_id),
+        lane,
+        facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
+        affinity_for(lane, facts, runtime, headers.session_id),
         pin=stored.backend if stored is not None else None,
     )
     if form is not None:
         upstream = audio_upstream_body(body, form, facts, bound)
     else:
         upstream = upstream_body(facts, bound, priority, key.cache_salt if api.engine_fields else None)
+    observer = runtime.observer
+    # Positional: the exchange's fields in their order (router/proxy/forward.py).
     ex = Exchange(
-        lane=lane,
-        target=api.target,
-        body=upstream,
-        request_id=upstream_request_id(key, rid),
-        accept=headers.accept,
-        ticket=ticket,
-        started=rec.started,
-        response_headers=extra,
-        observe_gap=rm.itl.observe,
-        record=rec,
-        stream=facts.stream,
-        prompt_tokens=facts.prompt_tokens,
-        client=(key.name, headers.client_id, address),
-        trace_headers=runtime.observer.upstream_headers(rec),
-        writer=body_writer(scope),
+        lane,
+        api.target,
+        upstream,
+        upstream_request_id(key, rid),
+        headers.accept,
+        ticket,
+        rec.started,
+        extra,
+        rm.itl.observe,
+        rec,
+        facts.stream,
+        facts.prompt_tokens,
+        (key.name, headers.client_id, address),
+        UsageTail() if observer.wants_usage else None,
+        body_writer(scope),
+        b"POST",
+        observer.upstream_headers(rec),
     )
-    if runtime.observer.wants_usage:
-        ex.usage_tail = UsageTail()
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
     if api.endpoint == "responses":
