@@ -58,22 +58,20 @@ class Headers:
         self.session_id: bytes | None = None
         self.client_id: bytes | None = None
         self.trace: list[tuple[bytes, bytes]] | None = None  # traceparent and tracestate lines
-        seen: set[bytes] = set()
         for name, value in raw:
             n = name.lower()
             field = _FIELDS.get(n)
             if field is None:
                 continue
-            if n in _SINGLE:
-                if n in seen:
-                    raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
-                seen.add(n)
             if field == "trace":
                 if self.trace is None:
                     self.trace = []
                 self.trace.append((n, value))
-            else:
-                setattr(self, field, value)
+                continue
+            # Every value is bytes, never None: a field already set is a second copy.
+            if n in _SINGLE and getattr(self, field) is not None:
+                raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
+            setattr(self, field, value)
 
     def client_trace(self) -> ClientTrace:
         if self.trace is None:
