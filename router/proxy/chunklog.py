@@ -96,19 +96,3 @@ class ChunkLog:
     def backend_done(self) -> None:
         """The backend is done with this request: its slot is free now, not when the client is."""
         self._gate.end_attempt(self._ticket)
-
-
-def record_whole(ex: Exchange, body: bytes) -> None:
-    """`ChunkLog.record` for a body that arrives whole, before any other: what the log would
-    take from it (its first byte ends the prefill, its bytes are counted and its tail kept),
-    without building a log for one chunk."""
-    ex.first_byte_at = _monotonic()
-    ex.lane.pool.gate.end_prefill(ex.ticket)
-    total = ex.bytes_out = ex.bytes_out + len(body)
-    tail = ex.usage_tail
-    if tail is not None:
-        tail.keep(body)
-        if total >= tail.due:
-            tail.trim(total)
-    if ex.on_chunk is not None:
-        ex.on_chunk(body)

@@ -31,7 +31,7 @@ from router.errors import (
     error_event,
 )
 from router.poolgate import PoolGate, Ticket
-from router.proxy.chunklog import ChunkLog, UsageTail, record_whole
+from router.proxy.chunklog import ChunkLog, UsageTail
 from router.proxy.response_headers import client_headers
 from router.proxy.splice import DONE, LAGGING, Splice
 from router.proxy.upstream import UpstreamResponse
@@ -295,7 +295,7 @@ def _answer_whole(
     writer.respond(status, headers, body)
     ex.response_started = True
     if body:
-        record_whole(ex, body)
+        ChunkLog(ex, False).record(body)
     ex.answered = True
 
 
