@@ -76,24 +76,28 @@ REJECTED = "vllm:admission_rejections_total"
 DRIFT = "lane_router_backend_config_drift"
 
 
-async def scrape(server: VllmServer) -> Samples:
+async def scrape(server: VllmServer, client: httpx.AsyncClient | None = None) -> Samples:
     """The server's own /metrics (open without a key: one of the holes the router closes)."""
-    async with httpx.AsyncClient(timeout=10) as client:
-        resp = await client.get(f"{server.url}/metrics")
-        resp.raise_for_status()
-        return Samples.parse(resp.text)
+    if client is None:
+        async with httpx.AsyncClient(timeout=30) as own:
+            return await scrape(server, own)
+    resp = await client.get(f"{server.url}/metrics")
+    resp.raise_for_status()
+    return Samples.parse(resp.text)
 
 
 async def wait_for(
     server: VllmServer, holds: Callable[[Samples], bool], timeout: float = 10.0, poll: float = 0.02
 ) -> Samples:
-    """Scrape until `holds(samples)`; the last scrape if it never does (the caller asserts)."""
+    """Scrape until `holds(samples)`; the last scrape if it never does (the caller asserts). One
+    connection serves every scrape: a saturated engine's server is slow to accept new ones."""
     deadline = time.monotonic() + timeout
-    while True:
-        samples = await scrape(server)
-        if holds(samples) or time.monotonic() >= deadline:
-            return samples
-        await asyncio.sleep(poll)
+    async with httpx.AsyncClient(timeout=30) as client:
+        while True:
+            samples = await scrape(server, client)
+            if holds(samples) or time.monotonic() >= deadline:
+                return samples
+            await asyncio.sleep(poll)
 
 
 async def finished(servers: Mapping[str, VllmServer]) -> dict[str, float]:
