@@ -60,11 +60,6 @@ class Samples:
     def has(self, name: str, **labels: str) -> bool:
         return bool(self.matching(name, **labels))
 
-    def completed(self) -> float:
-        """Requests that ran to their end (a stop or max_tokens), aborted ones not counted: a
-        client's abort may or may not be counted under `finished_reason="abort"`, depending on
-        whether the engine or the API server noticed it first."""
-        return self.total(FINISHED, finished_reason="stop") + self.total(FINISHED, finished_reason="length")
 
 
 # Every request that left the engine, by `finished_reason`: stop, length, abort, error, repetition.

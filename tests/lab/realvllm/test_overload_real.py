@@ -87,10 +87,11 @@ async def test_client_disconnect_aborts_the_request_on_the_server(
     late = [(at, n) for at, n in trace if n > 0 and at >= ABORT_WITHIN_S]
     assert not late, f"vLLM still ran the request {late[-1][0]:.2f}s after the client left: {trace}"
     idle = await scrape(server)
-    # Aborted, not finished: nothing counted as done, and fewer tokens made than asked for. (How
-    # many fewer depends on the host: a stall of the server's API loop delays it noticing the
-    # closed connection while its engine keeps decoding.)
-    assert idle.completed() == before.completed()
+    # Aborted, not finished: fewer tokens made than asked for. With `ignore_eos` the request could
+    # only have ended by making all LONG tokens. (How many fewer depends on the host: a stall of the
+    # server's API loop delays it noticing the closed connection while its engine keeps decoding.)
+    # Finished-request counters are not compared: another test's short request that vLLM counts a
+    # moment late would move them without saying anything about this one.
     made = idle.total(GENERATED) - before.total(GENERATED)
     assert received <= made < LONG, "the request should have run, and stopped, on the interactive server"
     assert lane_router.metric("lane_router_client_disconnects_total", phase="stream") == 1
