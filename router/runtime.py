@@ -81,11 +81,11 @@ class Runtime:
     lag: LagPolicy
     buffers: BufferBudget
     fleet: Fleet
+    watchlist: Watchlist  # requests to watch for disconnects
     shared: SharedState | None = None
     responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
     observer: Observer = field(default_factory=Observer)  # tracing and the access log, from startup
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
-    watchlist: Watchlist = field(default_factory=Watchlist)  # requests to watch for disconnects
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it
@@ -201,6 +201,7 @@ def build_runtime(
         responses=responses,
         observer=observer or (previous.observer if previous is not None else Observer()),
         counting=counting,
+        watchlist=Watchlist(sc.watch_disconnect_after_s),
     )
 
 

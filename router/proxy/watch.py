@@ -2,10 +2,11 @@
 
 When it does, the request's task is cancelled at once, which closes the upstream connection
 (vLLM then aborts the request and frees its KV blocks). Most requests end before a watcher task
-would pay off, so one starts only once a request has run WATCH_AFTER_S, which bounds how late a
-disconnect can be noticed. The requests running are kept in one `Watchlist` per runtime, in the
-order they started, under a single timer set for the oldest: a request that ends sooner costs
-an entry in a dict, not a timer of its own."""
+would pay off, so one starts only once a request has run a while (the profile's
+`slow_clients.watch_disconnect_after_s`), which bounds how late a disconnect can be noticed. The
+requests running are kept in one `Watchlist` per runtime, in the order they started, under a
+single timer set for the oldest: a request that ends sooner costs an entry in a dict, not a
+timer of its own."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Protocol
 
 from router.asgi import Receive
 
-WATCH_AFTER_S = 0.02
 # A watch due this close is begun with those due now rather than under a timer of its own.
 _EARLY_S = 0.001
 
@@ -42,7 +42,7 @@ class Watch:
         self.finished = False
 
     def begin(self) -> None:
-        """The request has run WATCH_AFTER_S: listen for its client going away."""
+        """The request has run its list's delay: listen for its client going away."""
         self._watcher = asyncio.ensure_future(_wait_disconnect(self._receive))
         self._watcher.add_done_callback(self._on_disconnect)
 
@@ -66,15 +66,16 @@ class Watch:
 class Watchlist:
     """The requests of one runtime not yet watched, oldest first, under one timer."""
 
-    __slots__ = ("_loop", "_timer", "_waiting")
+    __slots__ = ("_after_s", "_loop", "_timer", "_waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, after_s: float) -> None:
+        self._after_s = after_s
         self._waiting: dict[Watch, None] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def watch(self, exchange: Answerable, receive: Receive) -> Watch:
-        """A watch for the current task, begun WATCH_AFTER_S from now unless dropped first."""
+        """A watch for the current task, begun the list's delay from now unless dropped first."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         assert task is not None
@@ -85,7 +86,7 @@ class Watchlist:
             self._waiting.clear()
         self._waiting[watch] = None
         if self._timer is None:
-            self._timer = loop.call_at(watch.started + WATCH_AFTER_S, self._due)
+            self._timer = loop.call_at(watch.started + self._after_s, self._due)
         return watch
 
     def drop(self, watch: Watch) -> None:
@@ -102,7 +103,7 @@ class Watchlist:
         waiting = self._waiting
         while waiting:
             watch = next(iter(waiting))
-            due = watch.started + WATCH_AFTER_S
+            due = watch.started + self._after_s
             if due > now:
                 self._timer = loop.call_at(due, self._due)
                 return

@@ -35,7 +35,6 @@ from router import httpserver
 from router.config.load import parse_profile
 from router.lab.bench.peers.targets import lane_router_profile
 from router.lab.procs import child_process, free_ports
-from router.proxy import watch
 from router.server import build_app, server_config
 from router.settings import Settings
 
@@ -71,25 +70,21 @@ def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
     backend, port = free_ports(2)
     profile = lane_router_profile(f"http://127.0.0.1:{backend}", KEY)
     profile["health"] = {"interval_s": 3600}
-    settings = Settings(config=None, port=port, log_level="warning", watch_config=False)
-    here = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(here)}
-    backend_cmd = [sys.executable, "-m", "router.lab.bench.zero_backend", "--port", str(backend)]
     # Under an instruction counter a request runs some 50 times slower than natively: long enough
     # for the handler's disconnect watch to start, which natively it never does for these
     # requests, and more often the more loaded the machine. Out of reach, the count is the same
     # however loaded the machine is (each request still enters and leaves the watch list).
-    watch_after = watch.WATCH_AFTER_S
-    watch.WATCH_AFTER_S = 3600.0
-    try:
-        with child_process(backend_cmd, env=env):
-            # Waited for by a child: a polling loop here would count a varying number of tries.
-            subprocess.run([sys.executable, "-c", _WAIT_READY, str(backend), KEY], env=env, check=True)
-            app = build_app(settings, parse_profile(profile))
-            with socket.create_server(("127.0.0.1", port), backlog=4096) as sock:
-                return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
-    finally:
-        watch.WATCH_AFTER_S = watch_after
+    profile["slow_clients"] = {"watch_disconnect_after_s": 60}
+    settings = Settings(config=None, port=port, log_level="warning", watch_config=False)
+    here = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(here)}
+    backend_cmd = [sys.executable, "-m", "router.lab.bench.zero_backend", "--port", str(backend)]
+    with child_process(backend_cmd, env=env):
+        # Waited for by a child: a polling loop here would count a varying number of tries.
+        subprocess.run([sys.executable, "-c", _WAIT_READY, str(backend), KEY], env=env, check=True)
+        app = build_app(settings, parse_profile(profile))
+        with socket.create_server(("127.0.0.1", port), backlog=4096) as sock:
+            return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
 
 
 def main(argv: list[str]) -> int:

@@ -61,7 +61,6 @@ class Samples:
         return bool(self.matching(name, **labels))
 
 
-
 # Every request that left the engine, by `finished_reason`: stop, length, abort, error, repetition.
 FINISHED = "vllm:request_success_total"
 RUNNING = "vllm:num_requests_running"
