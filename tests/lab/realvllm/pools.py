@@ -49,6 +49,9 @@ def real_profile(urls: Mapping[str, str], tokenizer: Path, **top: Any) -> dict[s
             model=MODEL_NAME,
             upstream_api_key=POOL_KEYS[name],
             connect_timeout_s=10.0,
+            # A non-streamed answer's head comes only once vLLM generated all of it, which on a
+            # busy CPU host can take far longer than a fake backend's 5 s allowance.
+            response_head_timeout_s=120.0,
             read_timeout_s=60.0,
             vllm=dict(POOL_VLLM[name]),
         )

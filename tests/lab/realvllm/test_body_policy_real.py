@@ -18,7 +18,16 @@ import pytest
 from router.auth import hash_key
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME
-from tests.lab.realvllm.realrouter import WAITING, RealRouter, real_router, scrape, wait_for, wait_idle
+from tests.lab.realvllm.realrouter import (
+    RUNNING,
+    WAITING,
+    RealRouter,
+    Samples,
+    real_router,
+    scrape,
+    wait_for,
+    wait_idle,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -149,6 +158,7 @@ SATURATE = 16  # the interactive server's max_num_seqs
 class PriorityRound:
     conclusive: bool  # every saturating stream was still running when one slot was freed
     order: list[str]
+    seen: str = ""  # what the round saw of the server, for a round that proved nothing
 
 
 async def _first_token(stream: Any, seen: asyncio.Event) -> None:
@@ -157,9 +167,9 @@ async def _first_token(stream: Any, seen: asyncio.Event) -> None:
             seen.set()
 
 
-async def _waiting_at_least(server: Any, n: int) -> bool:
-    samples = await wait_for(server, lambda s: s.total(WAITING) >= n, timeout=30)
-    return samples.total(WAITING) >= n
+async def _waiting(server: Any, n: int) -> Samples:
+    """The server's metrics once `n` requests wait (or the last scrape, after 30 s)."""
+    return await wait_for(server, lambda s: s.total(WAITING) >= n, timeout=30)
 
 
 async def _priority_round(pools: RealPools, front: RealRouter) -> PriorityRound:
@@ -178,12 +188,17 @@ async def _priority_round(pools: RealPools, front: RealRouter) -> PriorityRound:
         queued = await batch_api.chat.completions.create(max_tokens=4, **ask)
         queued_first = asyncio.Event()
         queued_task = asyncio.create_task(_first_token(queued, queued_first))
-        conclusive = await _waiting_at_least(server, 1)
+        one = await _waiting(server, 1)
         chat = asyncio.create_task(
             chat_api.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4, **EOS_OFF)
         )
-        conclusive = conclusive and await _waiting_at_least(server, 2)
-        conclusive = conclusive and not any(f.done() for f in fillers)
+        two = await _waiting(server, 2)
+        ended = sum(f.done() for f in fillers)
+        conclusive = one.total(WAITING) >= 1 and two.total(WAITING) >= 2 and not ended
+        seen = (
+            f"waiting {one.total(WAITING)} then {two.total(WAITING)}"
+            f" (running {two.total(RUNNING)}), {ended} fillers ended"
+        )
         await streams[0].close()  # one slot frees: vLLM picks the next request to run
         fillers[0].cancel()
         done, _ = await asyncio.wait([chat, asyncio.create_task(queued_first.wait())], timeout=120,
@@ -193,7 +208,7 @@ async def _priority_round(pools: RealPools, front: RealRouter) -> PriorityRound:
             await stream.close()
         await asyncio.wait_for(chat, 120)
         await asyncio.wait_for(queued_task, 120)
-        return PriorityRound(conclusive, order)
+        return PriorityRound(conclusive, order, seen)
     finally:
         for task in fillers:
             task.cancel()
