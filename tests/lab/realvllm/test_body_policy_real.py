@@ -156,7 +156,7 @@ SATURATE = 16  # the interactive server's max_num_seqs
 
 @dataclass
 class PriorityRound:
-    conclusive: bool  # every saturating stream was still running when one slot was freed
+    conclusive: bool  # every saturating request was still running when one slot was freed
     order: list[str]
     seen: str = ""  # what the round saw of the server, for a round that proved nothing
 
@@ -167,53 +167,61 @@ async def _first_token(stream: Any, seen: asyncio.Event) -> None:
             seen.set()
 
 
-async def _waiting(server: Any, n: int) -> Samples:
-    """The server's metrics once `n` requests wait (or the last scrape, after 30 s)."""
-    return await wait_for(server, lambda s: s.total(WAITING) >= n, timeout=30)
+async def _until(server: Any, metric: str, n: int) -> Samples:
+    """The server's metrics once `metric` reaches `n` (or the last scrape, after 60 s)."""
+    return await wait_for(server, lambda s: s.total(metric) >= n, timeout=60)
 
 
 async def _priority_round(pools: RealPools, front: RealRouter) -> PriorityRound:
-    """Fill every sequence slot with long batch-lane streams, queue a batch-lane request and
-    then a chat-lane one, free one slot: vLLM must start the chat request first."""
+    """Fill every sequence slot with long batch-lane requests, queue a batch-lane request and
+    then a chat-lane one, free one slot: vLLM must start the chat request first.
+
+    The fillers are not streamed: a server that streams sixteen answers spends its API process
+    on them, and on a busy host its metrics (what this round waits on) then answer so slowly
+    that the fillers run to their end before the round frees a slot."""
     server = pools.interactive
     await wait_idle(server)
     batch_api, chat_api = front.openai("nightly"), front.openai()
-    ask = {"model": MODEL_NAME, "messages": MESSAGES, "stream": True, **EOS_OFF}
-    streams = [await batch_api.chat.completions.create(max_tokens=1900, **ask) for _ in range(SATURATE)]
-    started = [asyncio.Event() for _ in streams]
-    fillers = [asyncio.create_task(_first_token(s, e)) for s, e in zip(streams, started, strict=True)]
-    order: list[str] = []
+    long: dict[str, Any] = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 1900, **EOS_OFF}
+    fillers = [asyncio.create_task(batch_api.chat.completions.create(**long)) for _ in range(SATURATE)]
+    queued_task: asyncio.Task[None] | None = None
+    queued: Any = None
     try:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
-        queued = await batch_api.chat.completions.create(max_tokens=4, **ask)
+        full = await _until(server, RUNNING, SATURATE)
+        queued = await batch_api.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_tokens=4, stream=True, **EOS_OFF
+        )
         queued_first = asyncio.Event()
         queued_task = asyncio.create_task(_first_token(queued, queued_first))
-        one = await _waiting(server, 1)
+        one = await _until(server, WAITING, 1)
         chat = asyncio.create_task(
             chat_api.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4, **EOS_OFF)
         )
-        two = await _waiting(server, 2)
+        two = await _until(server, WAITING, 2)
         ended = sum(f.done() for f in fillers)
-        conclusive = one.total(WAITING) >= 1 and two.total(WAITING) >= 2 and not ended
+        conclusive = full.total(RUNNING) >= SATURATE and one.total(WAITING) >= 1
+        conclusive = conclusive and two.total(WAITING) >= 2 and not ended
         seen = (
-            f"waiting {one.total(WAITING)} then {two.total(WAITING)}"
-            f" (running {two.total(RUNNING)}), {ended} fillers ended"
+            f"running {full.total(RUNNING)}, waiting {one.total(WAITING)} then {two.total(WAITING)},"
+            f" {ended} fillers ended"
         )
-        await streams[0].close()  # one slot frees: vLLM picks the next request to run
-        fillers[0].cancel()
+        fillers[0].cancel()  # its client leaves, one slot frees: vLLM picks the next request to run
         done, _ = await asyncio.wait([chat, asyncio.create_task(queued_first.wait())], timeout=120,
                                      return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         order = ["chat" if chat in done else "batch"]
-        for stream in streams[1:]:
-            await stream.close()
+        for task in fillers:
+            task.cancel()
         await asyncio.wait_for(chat, 120)
         await asyncio.wait_for(queued_task, 120)
         return PriorityRound(conclusive, order, seen)
     finally:
         for task in fillers:
             task.cancel()
-        for stream in streams:
-            await stream.close()
+        await asyncio.gather(*fillers, return_exceptions=True)
+        if queued_task is not None:
+            queued_task.cancel()
+        if queued is not None:
+            await queued.close()
 
 
 async def test_the_lanes_priority_orders_vllms_scheduler(real_pools: RealPools) -> None:
@@ -223,7 +231,7 @@ async def test_the_lanes_priority_orders_vllms_scheduler(real_pools: RealPools) 
     async with real_router(_priority_profile(real_pools)) as front:
         await front.settled()
         rounds: list[PriorityRound] = []
-        # A host stall can let a saturating stream end before the slot is freed on purpose;
+        # A host stall can let a saturating request end before the slot is freed on purpose;
         # such a round proves nothing and is repeated.
         while len(rounds) < 3:
             rounds.append(await _priority_round(real_pools, front))
