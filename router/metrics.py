@@ -201,9 +201,6 @@ class Metrics:
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
 
-    def classified_child(self, cls: str, reason: str) -> CounterValue:
-        return self.classified.labels(cls, reason)
-
     def route(self, cls: str, lane: str, pool: str) -> RouteMetrics:
         """The children of one class × lane × pool, bound once: `labels()` costs more than the
         observation itself, and the hot path observes several per request."""

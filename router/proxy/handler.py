@@ -16,7 +16,7 @@ from router.audiofacts import audio_upstream_body, parse_audio_facts
 from router.auth import ApiKey
 from router.balance import Affinity, AffinityRequest, routes_on_affinity
 from router.balance import affinity_for as balance_affinity
-from router.classify import Classification, Signals, classify, parse_class_header
+from router.classify import REASON_TEXT, Classification, Signals, classify, parse_class_header
 from router.errors import NotFound, RouterError
 from router.facts import RequestFacts, parse_facts
 from router.multipart import Form
@@ -32,6 +32,11 @@ from router.requestrecord import RequestRecord
 from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
+from router.tracecontext import NO_CLIENT_TRACE
+
+# Named tuples built per request are made by the tuple constructor itself: a named tuple's own
+# `__new__` is a Python function.
+_new = tuple.__new__
 
 
 def route(
@@ -40,12 +45,13 @@ def route(
     """Classify with the signals the router keeps: repeated prefixes and slow clients."""
     cfg = runtime.config.classify
     seen = 0
-    fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
-    if fingerprint is not None:
-        seen = runtime.prefixes.observe(fingerprint, time.monotonic())
-    signals = Signals(
-        header_class=parse_class_header(headers.request_class), prefix_seen=seen, slow_client=slow
-    )
+    # A prompt shorter than one block has no chain, so no fingerprint to look up.
+    if facts.prefix_chain:
+        fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+        if fingerprint is not None:
+            seen = runtime.prefixes.observe(fingerprint, time.monotonic())
+    header = headers.request_class
+    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
     return classify(facts, key, signals, cfg)
 
 
@@ -76,11 +82,6 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
     return balance_affinity(lane.config.balance, request)
 
 
-def _client_address(scope: Message) -> str | None:
-    client = scope.get("client")
-    return str(client[0]) if client else None
-
-
 def handle(
     runtime: Runtime, api: ApiRoute, scope: Message, receive: Receive, send: Send
 ) -> Coroutine[Any, Any, None]:
@@ -94,8 +95,10 @@ def handle(
 def start_record(runtime: Runtime, headers: Headers, scope: Message) -> RequestRecord:
     """The request's record, begun as it arrives (its id and trace context)."""
     observer = runtime.observer
-    rid = request_id(headers.request_id, observer.ids)
-    return observer.start(rid, scope["path"], headers.client_trace(), time.monotonic())
+    supplied = headers.request_id
+    rid = request_id(supplied, observer.ids) if supplied else observer.ids.fresh()
+    trace = headers.client_trace() if headers.trace is not None else NO_CLIENT_TRACE
+    return observer.start(rid, scope["path"], trace, time.monotonic())
 
 
 async def observed(runtime: Runtime, rec: RequestRecord, work: Coroutine[Any, Any, None]) -> None:
@@ -133,7 +136,8 @@ async def _handle(
     rid = rec.request_id
     key = runtime.keys.authenticate(headers.authorization)
     rec.key_name = key.name
-    key.allow_route(api.scope)
+    if api.scope not in key.routes:
+        key.allow_route(api.scope)
     body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
     rec.bytes_in = len(body)
     form: Form | None = None
@@ -141,23 +145,29 @@ async def _handle(
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
     else:
         facts = parse_facts(api.endpoint, body, runtime.counter)
-    check_fields(api.endpoint, facts.body, key.fields)
-    check_key_output(facts, key.fields.max_tokens)
-    key.allow_model(facts.model)
+    fields = key.fields
+    check_fields(api.endpoint, facts.body, fields)
+    if fields.max_tokens is not None:
+        check_key_output(facts, fields.max_tokens)
+    if key.models is not None:
+        key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts._replace(prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
-    address = _client_address(scope)
-    lookup = seen_slow(runtime, facts, headers, key, address)
+    client = scope.get("client")
+    address = str(client[0]) if client else None
+    # Only streams are sent to slow_stream: nothing to look up for the others.
+    lookup = seen_slow(runtime, facts, headers, key, address) if facts.stream else None
     slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
     pool_cfg = lane.pool.config
+    vllm = pool_cfg.vllm
     bound = output_bound(
-        facts, OutputCaps(lane.config.max_output_tokens, key.fields.max_tokens, pool_cfg.vllm.max_model_len)
+        facts, _new(OutputCaps, (lane.config.max_output_tokens, fields.max_tokens, vllm.max_model_len))
     )
-    by_priority = pool_cfg.vllm.scheduling_policy == "priority" and api.engine_fields
+    by_priority = vllm.scheduling_policy == "priority" and api.engine_fields
     priority = lane.config.priority if by_priority else None
     extra = [(b"x-request-id", rid)]
     if runtime.config.debug_headers:
@@ -175,6 +185,9 @@ async def _handle(
     else:
         upstream = upstream_body(facts, bound, priority, key.cache_salt if api.engine_fields else None)
     observer = runtime.observer
+    # A request neither traced nor bringing a trace context carries none upstream.
+    untraced = rec.trace is None and rec.client_trace is NO_CLIENT_TRACE
+    trace_headers = () if untraced else observer.upstream_headers(rec)
     # Positional: the exchange's fields in their order (router/proxy/forward.py).
     ex = Exchange(
         lane,
@@ -193,7 +206,7 @@ async def _handle(
         UsageTail() if observer.wants_usage else None,
         body_writer(scope),
         b"POST",
-        observer.upstream_headers(rec),
+        trace_headers,
     )
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
@@ -221,20 +234,25 @@ def choose_lane(
     lane = runtime.lanes[decision.cls]
     if stored is not None:
         decision, lane = conversation.follow_lane(decision, lane, stored)
-    key.allow_class(decision.cls)
-    reason: str = decision.reason.value
-    runtime.metrics.classified_child(lane.name, reason).inc()
+    if key.classes is not None:
+        key.allow_class(decision.cls)
+    reason = REASON_TEXT[decision.reason]
+    runtime.metrics.classified.labels(lane.name, reason).inc()
     rec.cls, rec.reason = lane.name, reason
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
-    if facts.model not in lane.pool.config.models:
+    pool_cfg = lane.pool.config
+    if facts.model != pool_cfg.model and facts.model not in pool_cfg.aliases:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",
         )
-    refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.output_tokens)
-    if refused is not None:
-        raise refused
+    lane_cfg = lane.config
+    # A lane without a request shape refuses none.
+    if lane_cfg.max_prompt_tokens is not None or lane_cfg.max_output_tokens is not None:
+        refused = outside_lane_shape(lane.name, lane_cfg, facts.prompt_tokens, facts.output_tokens)
+        if refused is not None:
+            raise refused
     return lane, reason
 
 
