@@ -113,6 +113,10 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     documents = data.get("documents")
     if documents is not None:
         prompt_tokens += counter.text(orjson.dumps(documents).decode())
+    sequences = prompts
+    # Only chat and completions make several outputs per prompt, and only when asked to.
+    if endpoint in ("chat", "completions") and ("n" in data or "best_of" in data):
+        sequences *= _samples(data, endpoint)
     # Optional fields the body leaves out (the common case) are not looked at further.
     return _new(
         RequestFacts,
@@ -121,7 +125,7 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
             model,
             stream,
             _max_tokens(data, endpoint),
-            prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
+            sequences,
             bool(tools) or tool_messages,
             roles,
             prompt_tokens,

@@ -33,6 +33,7 @@ from router.balance import BalanceHooks, Balancer, make_balancer
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
+from router.lanesettings import LaneSettings
 from router.leanmetrics import HistogramValue
 from router.metrics import Metrics
 from router.observer import Observer
@@ -61,9 +62,11 @@ class Lane:
     in_flight: int = 0
     waiting: int = 0
     name: str = field(init=False)  # the class's name, read several times by every request
+    settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:
         self.name = self.cls.value
+        self.settings = LaneSettings(self.config, self.pool.config)
 
 
 @dataclass(eq=False)
@@ -266,6 +269,7 @@ def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) 
         lane.balancer = _balancer(lc, pool, metrics)
     lane.config = lc
     lane.pool = pool
+    lane.settings = LaneSettings(lc, pool.config)
 
 
 def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:

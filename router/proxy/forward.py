@@ -261,7 +261,7 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
         # A status once sent cannot be taken back: wait until the body begins, so a backend
         # that fails in between still gets the client an error envelope, not a 200 cut short.
         writer = ex.writer
-        if writer is None or ex.lane.config.decouple:
+        if writer is None or ex.lane.settings.decouple:
             await response.wait_body()
         else:
             # Mostly the whole body is here by now: it goes out with the head, in one write.
@@ -277,7 +277,7 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
     seen = ChunkLog(ex, is_sse)
-    if ex.lane.config.decouple:
+    if ex.lane.settings.decouple:
         await _relay_decoupled(runtime, response, send, seen)
     elif ex.writer is not None and is_sse:
         # A stream's reads go out from the read callback; a whole body is mostly in hand by

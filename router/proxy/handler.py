@@ -14,9 +14,9 @@ from router.apiroutes import ApiRoute
 from router.asgi import Message, Receive, Send, body_writer
 from router.audiofacts import audio_upstream_body, parse_audio_facts
 from router.auth import ApiKey
-from router.balance import Affinity, AffinityRequest, routes_on_affinity
+from router.balance import Affinity, AffinityRequest
 from router.balance import affinity_for as balance_affinity
-from router.classify import REASON_TEXT, Classification, Signals, classify, parse_class_header
+from router.classify import REASON_TEXT, Signals, classify, parse_class_header
 from router.errors import NotFound, RouterError
 from router.facts import RequestFacts, parse_facts
 from router.multipart import Form
@@ -39,22 +39,6 @@ from router.tracecontext import NO_CLIENT_TRACE
 _new = tuple.__new__
 
 
-def route(
-    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, slow: bool = False
-) -> Classification:
-    """Classify with the signals the router keeps: repeated prefixes and slow clients."""
-    cfg = runtime.config.classify
-    seen = 0
-    # A prompt shorter than one block has no chain, so no fingerprint to look up.
-    if facts.prefix_chain:
-        fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
-        if fingerprint is not None:
-            seen = runtime.prefixes.observe(fingerprint, time.monotonic())
-    header = headers.request_class
-    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
-    return classify(facts, key, signals, cfg)
-
-
 def seen_slow(
     runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, client: str | None
 ) -> Awaitable[bool] | None:
@@ -71,7 +55,7 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
     """What the lane's balance strategy routes this request on (router/balance/): the prompt's
     block chain over the whole message list, the body's `user`, `X-Session-Id`, and the
     profile's repeated-prefix length as the default depth; None for strategies that route on none."""
-    if not routes_on_affinity(lane.config.balance):
+    if not lane.settings.affinity:
         return None
     request = AffinityRequest(
         chain=facts.prefix_chain,
@@ -162,13 +146,11 @@ async def _handle(
     lookup = seen_slow(runtime, facts, headers, key, address) if facts.stream else None
     slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
-    pool_cfg = lane.pool.config
-    vllm = pool_cfg.vllm
+    settings = lane.settings
     bound = output_bound(
-        facts, _new(OutputCaps, (lane.config.max_output_tokens, fields.max_tokens, vllm.max_model_len))
+        facts, _new(OutputCaps, (settings.max_output_tokens, fields.max_tokens, settings.max_model_len))
     )
-    by_priority = vllm.scheduling_policy == "priority" and api.engine_fields
-    priority = lane.config.priority if by_priority else None
+    priority = settings.priority if settings.by_priority and api.engine_fields else None
     extra = [(b"x-request-id", rid)]
     if runtime.config.debug_headers:
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
@@ -229,8 +211,18 @@ def choose_lane(
     stored: conversation.Stored | None,
 ) -> tuple[Lane, str]:
     """The request's lane and the reason for its class, checked against the key and the lane's
-    pool and shape, counted and recorded. The lane's name is its class's."""
-    decision = route(runtime, facts, headers, key, slow)
+    pool and shape, counted and recorded. The lane's name is its class's. The class is decided
+    with the signals the router keeps: repeated prefixes and slow clients."""
+    cfg = runtime.config.classify
+    seen = 0
+    # A prompt shorter than one block has no chain, so no fingerprint to look up.
+    if facts.prefix_chain:
+        fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+        if fingerprint is not None:
+            seen = runtime.prefixes.observe(fingerprint, time.monotonic())
+    header = headers.request_class
+    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
+    decision = classify(facts, key, signals, cfg)
     lane = runtime.lanes[decision.cls]
     if stored is not None:
         decision, lane = conversation.follow_lane(decision, lane, stored)
@@ -241,16 +233,15 @@ def choose_lane(
     rec.cls, rec.reason = lane.name, reason
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
-    pool_cfg = lane.pool.config
-    if facts.model != pool_cfg.model and facts.model not in pool_cfg.aliases:
+    settings = lane.settings
+    if facts.model not in settings.models:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",
         )
-    lane_cfg = lane.config
     # A lane without a request shape refuses none.
-    if lane_cfg.max_prompt_tokens is not None or lane_cfg.max_output_tokens is not None:
-        refused = outside_lane_shape(lane.name, lane_cfg, facts.prompt_tokens, facts.output_tokens)
+    if settings.shaped:
+        refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.output_tokens)
         if refused is not None:
             raise refused
     return lane, reason
