@@ -40,6 +40,24 @@ class Classification(NamedTuple):
     reason: Reason
 
 
+class ClassifyRules(NamedTuple):
+    """A profile's `classify` settings as plain values, read without a validated model's
+    attribute lookups: built once per runtime."""
+
+    long_context_tokens: int
+    batch_min_output_tokens: int
+    repeated_prefix_seen: int
+    repeated_prefix_tokens: int
+    default_class: RequestClass
+
+    @classmethod
+    def of(cls, cfg: ClassifyConfig) -> ClassifyRules:
+        rp = cfg.repeated_prefix
+        return cls(
+            cfg.long_context_tokens, cfg.batch_min_output_tokens, rp.seen, rp.min_tokens, cfg.default_class
+        )
+
+
 class Signals(NamedTuple):
     """What the caller observed beside the body."""
 
@@ -58,21 +76,26 @@ def parse_class_header(value: bytes | None) -> RequestClass | None:
         return None
 
 
-def classify(facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyConfig) -> Classification:
+def classify(
+    facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyRules | ClassifyConfig
+) -> Classification:
+    long_context, batch_min_output, prefix_seen, _, default_class = (
+        cfg if isinstance(cfg, ClassifyRules) else ClassifyRules.of(cfg)
+    )
     if signals.header_class is not None and key.may_set_class:
         return _new(Classification, (signals.header_class, Reason.HEADER))
     if key.pin_class is not None:
         return _new(Classification, (key.pin_class, Reason.PINNED))
     if facts.has_tools:
         return _new(Classification, (RequestClass.AGENT, Reason.TOOLS))
-    if facts.prompt_tokens >= cfg.long_context_tokens:
+    if facts.prompt_tokens >= long_context:
         return _new(Classification, (RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT))
-    if signals.prefix_seen >= cfg.repeated_prefix.seen:
+    if signals.prefix_seen >= prefix_seen:
         return _new(Classification, (RequestClass.RAG, Reason.REPEATED_PREFIX))
     # `facts.output_tokens`, without a property call; the threshold is at least 1.
     stated = facts.max_tokens
-    if not facts.stream and stated is not None and stated * facts.sequences >= cfg.batch_min_output_tokens:
+    if not facts.stream and stated is not None and stated * facts.sequences >= batch_min_output:
         return _new(Classification, (RequestClass.BATCH, Reason.LARGE_GENERATION))
     if facts.stream and signals.slow_client:
         return _new(Classification, (RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT))
-    return _new(Classification, (cfg.default_class, Reason.DEFAULT))
+    return _new(Classification, (default_class, Reason.DEFAULT))

@@ -30,6 +30,7 @@ from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
 from router.backends import Backend, Health, Pool, backend_label
 from router.balance import BalanceHooks, Balancer, make_balancer
+from router.classify import ClassifyRules
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
@@ -94,6 +95,15 @@ class Runtime:
     superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _closed: bool = False
+    # Profile settings every request reads, as plain values.
+    classify_rules: ClassifyRules = field(init=False)
+    max_body_bytes: int = field(init=False)
+    debug_headers: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.classify_rules = ClassifyRules.of(self.config.classify)
+        self.max_body_bytes = self.config.max_body_bytes
+        self.debug_headers = self.config.debug_headers
 
     def enter(self) -> None:
         self.active += 1

@@ -61,7 +61,7 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
         chain=facts.prefix_chain,
         user=facts.user,
         session=session,
-        default_min_tokens=runtime.config.classify.repeated_prefix.min_tokens,
+        default_min_tokens=runtime.classify_rules.repeated_prefix_tokens,
     )
     return balance_affinity(lane.config.balance, request)
 
@@ -122,7 +122,7 @@ async def _handle(
     rec.key_name = key.name
     if api.scope not in key.routes:
         key.allow_route(api.scope)
-    body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
+    body = await read_body(receive, runtime.max_body_bytes, headers.content_length)
     rec.bytes_in = len(body)
     form: Form | None = None
     if api.multipart:
@@ -152,7 +152,7 @@ async def _handle(
     )
     priority = settings.priority if settings.by_priority and api.engine_fields else None
     extra = [(b"x-request-id", rid)]
-    if runtime.config.debug_headers:
+    if runtime.debug_headers:
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
     rm = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
     rec.classified_at = time.monotonic()
@@ -213,16 +213,16 @@ def choose_lane(
     """The request's lane and the reason for its class, checked against the key and the lane's
     pool and shape, counted and recorded. The lane's name is its class's. The class is decided
     with the signals the router keeps: repeated prefixes and slow clients."""
-    cfg = runtime.config.classify
+    rules = runtime.classify_rules
     seen = 0
     # A prompt shorter than one block has no chain, so no fingerprint to look up.
     if facts.prefix_chain:
-        fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+        fingerprint = facts.prefix_fingerprint(rules.repeated_prefix_tokens)
         if fingerprint is not None:
             seen = runtime.prefixes.observe(fingerprint, time.monotonic())
     header = headers.request_class
     signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
-    decision = classify(facts, key, signals, cfg)
+    decision = classify(facts, key, signals, rules)
     lane = runtime.lanes[decision.cls]
     if stored is not None:
         decision, lane = conversation.follow_lane(decision, lane, stored)
