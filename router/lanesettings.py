@@ -2,24 +2,30 @@
 
 The profile's settings are validated models whose every attribute read costs about as much as a
 function call; a request reads a dozen of them. `LaneSettings` holds those values, built with the
-lane and again whenever a reload gives the lane new settings or a new pool (router/runtime.py)."""
+lane and again whenever a reload gives the lane new settings or a new pool (router/runtime.py).
+It also keeps the lane's metric children once a request has looked them up: their series appear
+on first use, as before, and the lookup is not repeated."""
 
 from __future__ import annotations
 
 from router.balance import routes_on_affinity
 from router.config.models import LaneConfig, PoolConfig
+from router.leanmetrics import CounterValue
+from router.metrics import RouteMetrics
 
 
 class LaneSettings:
     __slots__ = (
         "affinity",
         "by_priority",
+        "classified",
         "decouple",
         "max_in_flight",
         "max_model_len",
         "max_output_tokens",
         "models",
         "priority",
+        "route_metrics",
         "shaped",
     )
 
@@ -35,3 +41,5 @@ class LaneSettings:
         self.max_model_len = pool.vllm.max_model_len
         # The pool's vLLM orders its queue by the request's `priority`.
         self.by_priority = pool.vllm.scheduling_policy == "priority"
+        self.route_metrics: RouteMetrics | None = None  # the lane's class × lane × pool children
+        self.classified: dict[str, CounterValue] = {}  # the lane's classification counters, by reason

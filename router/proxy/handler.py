@@ -154,12 +154,14 @@ async def _handle(
     extra = [(b"x-request-id", rid)]
     if runtime.debug_headers:
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
-    rm = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
+    rm = settings.route_metrics
+    if rm is None:
+        rm = settings.route_metrics = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
     rec.classified_at = time.monotonic()
     ticket = Ticket(
         lane,
         facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
-        affinity_for(lane, facts, runtime, headers.session_id),
+        affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
         pin=stored.backend if stored is not None else None,
     )
     if form is not None:
@@ -229,11 +231,14 @@ def choose_lane(
     if key.classes is not None:
         key.allow_class(decision.cls)
     reason = REASON_TEXT[decision.reason]
-    runtime.metrics.classified.labels(lane.name, reason).inc()
+    settings = lane.settings
+    counted = settings.classified.get(reason)
+    if counted is None:
+        counted = settings.classified[reason] = runtime.metrics.classified.labels(lane.name, reason)
+    counted.inc()
     rec.cls, rec.reason = lane.name, reason
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
-    settings = lane.settings
     if facts.model not in settings.models:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
