@@ -88,11 +88,11 @@ async def _exchange(
     watchlist = runtime.watchlist
     watch = watchlist.watch(ex, receive)
     rm.in_flight.inc()
-    status = "error"
+    status: int | str = "error"
     served = True
     try:
         await forward(runtime, ex, send)
-        status = str(ex.status)
+        status = ex.status
     except asyncio.CancelledError:
         if not watch.gone:
             raise
@@ -100,7 +100,7 @@ async def _exchange(
         status = "client_disconnect"
         rm.disconnected("stream" if ex.first_byte_at is not None else "before_first_byte")
     except RouterError as err:
-        status = str(err.status)
+        status = err.status
         served = ex.response_started or not isinstance(err, Unavailable)
         raise
     finally:
@@ -118,7 +118,7 @@ async def _exchange(
                 await _settle_shared(charge, used, served, now)
 
 
-def _ended(ex: Exchange, rm: RouteMetrics, status: str, gone: bool, now: float) -> bytes:
+def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
     """The exchange's metrics, and what the relay learned into the request's record: the status
     there is the one the client got (or, gone before a response, nginx's 499). Returns the
     response's tail, b"" if not kept."""
