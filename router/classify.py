@@ -3,7 +3,9 @@ repeated-prefix count, the slow-client memory) is looked up by the caller and pa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import NamedTuple
 
 from router.auth import ApiKey
@@ -23,10 +25,37 @@ class Reason(StrEnum):
     CONVERSATION = "previous_response"
 
 
-# Named tuples: immutable values that cost a request no more than a tuple each.
+# A reason's text, looked up without the enum's `value` property (two Python calls).
+REASON_TEXT: Mapping[Reason, str] = MappingProxyType({r: r.value for r in Reason})
+
+
+# Named tuples: immutable values that cost a request no more than a tuple each; the request path
+# builds them with the tuple constructor (`_new`), as a named tuple's own `__new__` is a Python
+# function.
+_new = tuple.__new__
+
+
 class Classification(NamedTuple):
     cls: RequestClass
     reason: Reason
+
+
+class ClassifyRules(NamedTuple):
+    """A profile's `classify` settings as plain values, read without a validated model's
+    attribute lookups: built once per runtime."""
+
+    long_context_tokens: int
+    batch_min_output_tokens: int
+    repeated_prefix_seen: int
+    repeated_prefix_tokens: int
+    default_class: RequestClass
+
+    @classmethod
+    def of(cls, cfg: ClassifyConfig) -> ClassifyRules:
+        rp = cfg.repeated_prefix
+        return cls(
+            cfg.long_context_tokens, cfg.batch_min_output_tokens, rp.seen, rp.min_tokens, cfg.default_class
+        )
 
 
 class Signals(NamedTuple):
@@ -47,19 +76,26 @@ def parse_class_header(value: bytes | None) -> RequestClass | None:
         return None
 
 
-def classify(facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyConfig) -> Classification:
+def classify(
+    facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyRules | ClassifyConfig
+) -> Classification:
+    long_context, batch_min_output, prefix_seen, _, default_class = (
+        cfg if isinstance(cfg, ClassifyRules) else ClassifyRules.of(cfg)
+    )
     if signals.header_class is not None and key.may_set_class:
-        return Classification(signals.header_class, Reason.HEADER)
+        return _new(Classification, (signals.header_class, Reason.HEADER))
     if key.pin_class is not None:
-        return Classification(key.pin_class, Reason.PINNED)
+        return _new(Classification, (key.pin_class, Reason.PINNED))
     if facts.has_tools:
-        return Classification(RequestClass.AGENT, Reason.TOOLS)
-    if facts.prompt_tokens >= cfg.long_context_tokens:
-        return Classification(RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT)
-    if signals.prefix_seen >= cfg.repeated_prefix.seen:
-        return Classification(RequestClass.RAG, Reason.REPEATED_PREFIX)
-    if not facts.stream and (facts.output_tokens or 0) >= cfg.batch_min_output_tokens:
-        return Classification(RequestClass.BATCH, Reason.LARGE_GENERATION)
+        return _new(Classification, (RequestClass.AGENT, Reason.TOOLS))
+    if facts.prompt_tokens >= long_context:
+        return _new(Classification, (RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT))
+    if signals.prefix_seen >= prefix_seen:
+        return _new(Classification, (RequestClass.RAG, Reason.REPEATED_PREFIX))
+    # `facts.output_tokens`, without a property call; the threshold is at least 1.
+    stated = facts.max_tokens
+    if not facts.stream and stated is not None and stated * facts.sequences >= batch_min_output:
+        return _new(Classification, (RequestClass.BATCH, Reason.LARGE_GENERATION))
     if facts.stream and signals.slow_client:
-        return Classification(RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT)
-    return Classification(cfg.default_class, Reason.DEFAULT)
+        return _new(Classification, (RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT))
+    return _new(Classification, (default_class, Reason.DEFAULT))

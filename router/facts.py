@@ -54,7 +54,11 @@ _API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] 
 
 
 # A named tuple, not a frozen dataclass: as immutable, and built once per request for the
-# price of a tuple (a frozen dataclass sets each field through object.__setattr__).
+# price of a tuple (a frozen dataclass sets each field through object.__setattr__), by the tuple
+# constructor itself (`_new`: a named tuple's own `__new__` is a Python function).
+_new = tuple.__new__
+
+
 class RequestFacts(NamedTuple):
     endpoint: Endpoint
     model: str
@@ -109,19 +113,27 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     documents = data.get("documents")
     if documents is not None:
         prompt_tokens += counter.text(orjson.dumps(documents).decode())
-    return RequestFacts(
-        endpoint,
-        model,
-        stream,
-        _max_tokens(data, endpoint),
-        prompts * _samples(data, endpoint) if endpoint in ("chat", "completions") else prompts,
-        bool(tools) or tool_messages,
-        roles,
-        prompt_tokens,
-        prefix_chain(text),
-        _opt_str(data, "user"),
-        _include_usage(data),
-        data,
+    sequences = prompts
+    # Only chat and completions make several outputs per prompt, and only when asked to.
+    if endpoint in ("chat", "completions") and ("n" in data or "best_of" in data):
+        sequences *= _samples(data, endpoint)
+    # Optional fields the body leaves out (the common case) are not looked at further.
+    return _new(
+        RequestFacts,
+        (
+            endpoint,
+            model,
+            stream,
+            _max_tokens(data, endpoint),
+            sequences,
+            bool(tools) or tool_messages,
+            roles,
+            prompt_tokens,
+            prefix_chain(text),
+            _opt_str(data, "user") if "user" in data else None,
+            _include_usage(data) if "stream_options" in data else False,
+            data,
+        ),
     )
 
 
@@ -172,7 +184,7 @@ def _chat_prompt(data: dict[str, Any], counter: PromptCounter) -> tuple[str, tup
         if len(msg) == 2 and isinstance(content, str):
             # The common message, a role and a string content: its text is the content and it
             # has nothing else the template renders.
-            tokens += counter.message(role, content, "", NO_MEDIA)
+            tokens += counter.plain_message(role, content)
         else:
             content, other, media = _content(content, i)
             tokens += counter.message(role, message_text(msg), _other_text(msg, other), media)
@@ -277,16 +289,17 @@ def _max_tokens(data: dict[str, Any], endpoint: Endpoint) -> int | None:
     if endpoint not in ("chat", "completions"):
         return None
     stated = _positive(data, "max_tokens")
-    if endpoint == "chat":
+    if endpoint == "chat" and "max_completion_tokens" in data:
         newer = _positive(data, "max_completion_tokens")
         return newer if newer is not None else stated
     return stated
 
 
 def _samples(data: dict[str, Any], endpoint: Endpoint) -> int:
-    n = _positive(data, "n") or 1
-    best_of = _positive(data, "best_of") if endpoint == "completions" else None
-    return max(n, best_of or 1)
+    n = (_positive(data, "n") or 1) if "n" in data else 1
+    if endpoint != "completions" or "best_of" not in data:
+        return n
+    return max(n, _positive(data, "best_of") or 1)
 
 
 def _include_usage(data: dict[str, Any]) -> bool:

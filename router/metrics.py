@@ -201,9 +201,6 @@ class Metrics:
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
 
-    def classified_child(self, cls: str, reason: str) -> CounterValue:
-        return self.classified.labels(cls, reason)
-
     def route(self, cls: str, lane: str, pool: str) -> RouteMetrics:
         """The children of one class × lane × pool, bound once: `labels()` costs more than the
         observation itself, and the hot path observes several per request."""
@@ -238,13 +235,15 @@ class RouteMetrics:
         self.itl = metrics.itl.labels(*key)
         self.duration = metrics.duration.labels(*key)
         self.in_flight = metrics.in_flight.labels(lane, pool)
-        self._requests: dict[str, CounterValue] = {}
+        # By the status as the relay has it: an HTTP status as a number, spelled out only for
+        # the label of its first request.
+        self._requests: dict[int | str, CounterValue] = {}
         self._disconnects: dict[str, Counter] = {}
 
-    def request_done(self, status: str) -> None:
+    def request_done(self, status: int | str) -> None:
         child = self._requests.get(status)
         if child is None:
-            child = self._requests[status] = self._metrics.requests.labels(*self.key, status)
+            child = self._requests[status] = self._metrics.requests.labels(*self.key, str(status))
         child.inc()
 
     def disconnected(self, phase: str) -> None:

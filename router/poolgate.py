@@ -105,13 +105,15 @@ class PoolGate:
     def try_take(self, ticket: Ticket) -> Backend | None:
         lane = ticket.lane
         if not ticket.holds_lane:
-            limit = lane.config.max_in_flight
+            limit = lane.settings.max_in_flight
             if limit is not None:
                 if self._split:
                     limit = self.share.part(limit)
                 if lane.in_flight >= limit:
                     return None
-        candidates = routable_for(self._routable, ticket)
+        # Most tickets are pinned to no backend: the routable ones are theirs.
+        routable = self._routable
+        candidates = routable(ticket.tried) if ticket.pin is None else routable_for(routable, ticket)
         backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
         if backend is None:
             return None

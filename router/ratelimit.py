@@ -27,7 +27,13 @@ REFILL_S = 60.0
 
 
 # Limits, levels and verdicts are named tuples: immutable values that cost a request no more
-# than a tuple each, which the request path makes several of.
+# than a tuple each, which the request path makes several of. Those built per request are made
+# by `_new`, the tuple constructor itself: a named tuple's own `__new__` is a Python function.
+# The functions below unpack them rather than read their fields by name, which costs a
+# descriptor call each.
+_new = tuple.__new__
+
+
 class Limits(NamedTuple):
     rpm: int | None = None
     tpm: int | None = None
@@ -64,8 +70,8 @@ class Levels(NamedTuple):
 
 def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
     elapsed = elapsed_s if elapsed_s > 0.0 else 0.0
-    requests, tokens = levels.requests, levels.tokens
-    rpm, tpm = limits.rpm, limits.tpm
+    requests, tokens, in_flight = levels
+    rpm, tpm, _ = limits
     if rpm is not None:
         requests += elapsed * rpm / REFILL_S
         if requests > rpm:
@@ -74,7 +80,7 @@ def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
         tokens += elapsed * tpm / REFILL_S
         if tokens > tpm:
             tokens = float(tpm)
-    return Levels(requests, tokens, levels.in_flight)
+    return _new(Levels, (requests, tokens, in_flight))
 
 
 def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
@@ -85,38 +91,45 @@ def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
 
 def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]:
     """`judge`, with the levels after it: charged when allowed, unchanged when refused."""
-    if limits.tpm is not None and tokens > limits.tpm:
+    rpm, tpm, max_concurrency = limits
+    if tpm is not None and tokens > tpm:
         return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits)), levels
+    requests_left, tokens_left, in_flight = levels
     wait = 0.0
     reason = ""
-    if limits.rpm is not None and levels.requests < 1.0:
-        wait, reason = (1.0 - levels.requests) * REFILL_S / limits.rpm, "requests"
-    if limits.tpm is not None and levels.tokens < tokens:
-        token_wait = (tokens - levels.tokens) * REFILL_S / limits.tpm
+    if rpm is not None and requests_left < 1.0:
+        wait, reason = (1.0 - requests_left) * REFILL_S / rpm, "requests"
+    if tpm is not None and tokens_left < tokens:
+        token_wait = (tokens - tokens_left) * REFILL_S / tpm
         if token_wait > wait:
             wait, reason = token_wait, "tokens"
-    if not reason and limits.max_concurrency is not None and levels.in_flight >= limits.max_concurrency:
+    if not reason and max_concurrency is not None and in_flight >= max_concurrency:
         wait, reason = 1.0, "concurrency"
     if reason:
         return Verdict(False, reason, wait, *_remaining(levels, limits)), levels
     charged = charge(levels, limits, tokens)
-    return Verdict(True, "", 0.0, *_remaining(charged, limits)), charged
+    return _new(Verdict, (True, "", 0.0, *_remaining(charged, limits), True)), charged
 
 
 def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
-    requests = levels.requests - 1.0 if limits.rpm is not None else levels.requests
-    left = levels.tokens - tokens if limits.tpm is not None else levels.tokens
-    return Levels(requests, left, levels.in_flight + 1)
+    requests, left, in_flight = levels
+    rpm, tpm, _ = limits
+    if rpm is not None:
+        requests -= 1.0
+    if tpm is not None:
+        left -= tokens
+    return _new(Levels, (requests, left, in_flight + 1))
 
 
 def settled(levels: Levels, limits: Limits, charged: int, used: int | None) -> Levels:
     """The request ended: its concurrency slot is free and, when `used` is known, its token
     charge is corrected by `used - charged`."""
-    tokens = levels.tokens
-    if used is not None and limits.tpm is not None:
+    requests, tokens, in_flight = levels
+    tpm = limits[1]
+    if used is not None and tpm is not None:
         # May go below zero: an underestimate is paid back from the next requests' allowance.
-        tokens = min(float(limits.tpm), tokens - (used - charged))
-    return Levels(levels.requests, tokens, max(0, levels.in_flight - 1))
+        tokens = min(float(tpm), tokens - (used - charged))
+    return _new(Levels, (requests, tokens, in_flight - 1 if in_flight > 0 else 0))
 
 
 def refunded(levels: Levels, limits: Limits, charged: int) -> Levels:
@@ -126,15 +139,19 @@ def refunded(levels: Levels, limits: Limits, charged: int) -> Levels:
         requests = min(float(limits.rpm), requests + 1.0)
     if limits.tpm is not None:
         tokens = min(float(limits.tpm), tokens + charged)
-    return Levels(requests, tokens, max(0, levels.in_flight - 1))
+    in_flight = levels.in_flight
+    return _new(Levels, (requests, tokens, in_flight - 1 if in_flight > 0 else 0))
 
 
 def _remaining(levels: Levels, limits: Limits) -> tuple[int | None, int | None]:
-    return _floor(levels.requests, limits.rpm), _floor(levels.tokens, limits.tpm)
-
-
-def _floor(level: float, limit: int | None) -> int | None:
-    return None if limit is None else max(0, math.floor(level))
+    """Whole requests and tokens left under each limit (None for no limit), never below 0."""
+    floor = math.floor
+    requests, tokens, _ = levels
+    rpm, tpm, _ = limits
+    return (
+        None if rpm is None else max(0, floor(requests)),
+        None if tpm is None else max(0, floor(tokens)),
+    )
 
 
 class RateStore(Protocol):
@@ -162,26 +179,24 @@ class MemoryRateStore:
     def __init__(self) -> None:
         self._keys: dict[str, tuple[Levels, float]] = {}
 
-    def _current(self, key: str, limits: Limits, now: float) -> Levels:
-        found = self._keys.get(key)
-        if found is None:
-            return Levels.full(limits)
-        levels, updated = found
-        return refill(levels, limits, now - updated)
-
     def take(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
         """`acquire`, without a coroutine."""
-        verdict, levels = admit(self._current(key, limits, now), limits, tokens)
-        self._keys[key] = (levels, now)
+        keys = self._keys
+        found = keys.get(key)
+        levels = Levels.full(limits) if found is None else refill(found[0], limits, now - found[1])
+        verdict, levels = admit(levels, limits, tokens)
+        keys[key] = (levels, now)
         return verdict
 
     def release(
         self, key: str, limits: Limits, charged: int, used: int | None, now: float, served: bool
     ) -> None:
         """`settle` when the request was served, else `refund`, without a coroutine."""
-        levels = self._current(key, limits, now)
+        keys = self._keys
+        found = keys.get(key)
+        levels = Levels.full(limits) if found is None else refill(found[0], limits, now - found[1])
         levels = settled(levels, limits, charged, used) if served else refunded(levels, limits, charged)
-        self._keys[key] = (levels, now)
+        keys[key] = (levels, now)
 
     async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
         return self.take(key, limits, tokens, now)

@@ -176,12 +176,19 @@ DEFAULT_LIMITS: Mapping[str, int] = {
 }
 
 
+# The bounded fields that are counts, in the order they are checked.
+_COUNTED_ORDER = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
+_COUNTED = frozenset(_COUNTED_ORDER)
+
+
 @dataclass(frozen=True, slots=True)
 class FieldPolicy:
     """One key's effective rules: the engine fields it may set and its bounds."""
 
     allow: frozenset[str] = frozenset()
     limits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    # The per-sequence output bound, if any: read by every request, so looked up once here.
+    max_tokens: int | None = field(init=False, default=None, repr=False, compare=False)
 
     @classmethod
     def merged(
@@ -194,25 +201,28 @@ class FieldPolicy:
         limits = {**DEFAULT_LIMITS, **profile_limits, **(key_limits or {})}
         return cls(frozenset(profile_allow) | frozenset(key_allow), limits)
 
-    @property
-    def max_tokens(self) -> int | None:
-        return self.limits.get("max_tokens")
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_tokens", self.limits.get("max_tokens"))
 
 
 def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolicy) -> None:
     """Refuse a body that names a field the route does not have or the key may not set, or
     that exceeds one of the key's bounds."""
     open_fields = OPEN_FIELDS[endpoint]
-    for name in data:
-        if name in open_fields:
-            continue
-        if name in ENGINE_FIELDS:
-            if name in policy.allow:
+    # Most bodies name only open fields and no bounded one: both found out by one set test each.
+    if not open_fields.issuperset(data):
+        for name in data:
+            if name in open_fields:
                 continue
-            raise Forbidden(f"this key may not set '{name}'", code="field_not_allowed")
-        raise BadRequest(f"unsupported field '{name}' for this route", code="unsupported_field")
+            if name in ENGINE_FIELDS:
+                if name in policy.allow:
+                    continue
+                raise Forbidden(f"this key may not set '{name}'", code="field_not_allowed")
+            raise BadRequest(f"unsupported field '{name}' for this route", code="unsupported_field")
+    if _COUNTED.isdisjoint(data):
+        return
     limits = policy.limits
-    for name in ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs"):
+    for name in _COUNTED_ORDER:
         value = data.get(name)
         if value is None or isinstance(value, bool) or name not in limits:
             continue

@@ -30,9 +30,11 @@ from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
 from router.backends import Backend, Health, Pool, backend_label
 from router.balance import BalanceHooks, Balancer, make_balancer
+from router.classify import ClassifyRules
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
+from router.lanesettings import LaneSettings
 from router.leanmetrics import HistogramValue
 from router.metrics import Metrics
 from router.observer import Observer
@@ -61,9 +63,11 @@ class Lane:
     in_flight: int = 0
     waiting: int = 0
     name: str = field(init=False)  # the class's name, read several times by every request
+    settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:
         self.name = self.cls.value
+        self.settings = LaneSettings(self.config, self.pool.config)
 
 
 @dataclass(eq=False)
@@ -91,6 +95,15 @@ class Runtime:
     superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _closed: bool = False
+    # Profile settings every request reads, as plain values.
+    classify_rules: ClassifyRules = field(init=False)
+    max_body_bytes: int = field(init=False)
+    debug_headers: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.classify_rules = ClassifyRules.of(self.config.classify)
+        self.max_body_bytes = self.config.max_body_bytes
+        self.debug_headers = self.config.debug_headers
 
     def enter(self) -> None:
         self.active += 1
@@ -266,6 +279,7 @@ def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) 
         lane.balancer = _balancer(lc, pool, metrics)
     lane.config = lc
     lane.pool = pool
+    lane.settings = LaneSettings(lc, pool.config)
 
 
 def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:

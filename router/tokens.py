@@ -114,6 +114,8 @@ class PromptCounter:
     def __init__(self, text: TextCounter, costs: PromptCosts) -> None:
         self._text = text
         self.costs = costs
+        # A message's cost beyond its text, by role: the same for every message of a role.
+        self._roles: dict[str, int] = {}
 
     def text(self, text: str) -> int:
         return self._text.count(text)
@@ -135,6 +137,14 @@ class PromptCounter:
             + media.video * c.video
         )
 
+    def plain_message(self, role: str, text: str) -> int:
+        """`message` for a message of a role and a text alone: no other fields, no media."""
+        roles = self._roles
+        cost = roles.get(role)
+        if cost is None:
+            cost = roles[role] = self.costs.per_message + self._text.count(role)
+        return cost + self._text.count(text)
+
     def tools(self, serialized: str) -> int:
         return self.costs.tools + self._text.count(serialized)
 
@@ -148,6 +158,9 @@ class SimulatorCounter(PromptCounter):
         super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0))
 
     def message(self, role: str, text: str, other: str, media: Media) -> int:
+        return estimate_text_tokens(text)
+
+    def plain_message(self, role: str, text: str) -> int:
         return estimate_text_tokens(text)
 
     def tools(self, serialized: str) -> int:

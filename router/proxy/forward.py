@@ -163,8 +163,9 @@ async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
 def _hold_blind_prefill(ex: Exchange, gate: PoolGate) -> None:
     """A non-streamed response shows no first token: count it as prefilling for the pool's
     estimate of its prefill time, if the pool gives one (else until the response starts)."""
-    hold = gate.limits.blind_hold_s(ex.prompt_tokens)
-    if hold is not None and gate.limits.enabled:
+    limits = gate.limits
+    hold = limits.blind_hold_s(ex.prompt_tokens)
+    if hold is not None and limits.enabled:
         ticket = ex.ticket
         ticket.timer = asyncio.get_running_loop().call_later(hold, gate.end_prefill, ticket)
 
@@ -191,9 +192,13 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
                 raise last_error from None
             metrics.retries.labels(pool.name).inc()
             ex.record.retries += 1
-        if not ex.stream:
+        # Without the pool's prefill rate there is no estimate: held until the response starts.
+        if not ex.stream and gate.limits.prefill_tokens_per_s is not None:
             _hold_blind_prefill(ex, gate)
-        _admitted(ex.record, backend)
+        rec = ex.record
+        if rec.admitted_at is None:
+            rec.admitted_at = time.monotonic()
+        rec.backend = backend.index
         try:
             response = await backend.upstream.request(ex.method, ex.target, headers, ex.body)
         except UpstreamError as err:
@@ -222,15 +227,10 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
                 retry_after=1,
             )
             continue
-        health.note_success(backend)
-        ex.record.connected_at = time.monotonic()
+        if backend.consecutive_failures:
+            health.note_success(backend)
+        rec.connected_at = time.monotonic()
         return response
-
-
-def _admitted(rec: RequestRecord, backend: Backend) -> None:
-    if rec.admitted_at is None:
-        rec.admitted_at = time.monotonic()
-    rec.backend = backend.index
 
 
 def auth_warning_due(last: float | None, now: float) -> bool:
@@ -261,7 +261,7 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
         # A status once sent cannot be taken back: wait until the body begins, so a backend
         # that fails in between still gets the client an error envelope, not a 200 cut short.
         writer = ex.writer
-        if writer is None or ex.lane.config.decouple:
+        if writer is None or ex.lane.settings.decouple:
             await response.wait_body()
         else:
             # Mostly the whole body is here by now: it goes out with the head, in one write.
@@ -277,7 +277,7 @@ async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, sen
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
     seen = ChunkLog(ex, is_sse)
-    if ex.lane.config.decouple:
+    if ex.lane.settings.decouple:
         await _relay_decoupled(runtime, response, send, seen)
     elif ex.writer is not None and is_sse:
         # A stream's reads go out from the read callback; a whole body is mostly in hand by

@@ -14,9 +14,9 @@ from router.apiroutes import ApiRoute
 from router.asgi import Message, Receive, Send, body_writer
 from router.audiofacts import audio_upstream_body, parse_audio_facts
 from router.auth import ApiKey
-from router.balance import Affinity, AffinityRequest, routes_on_affinity
+from router.balance import Affinity, AffinityRequest
 from router.balance import affinity_for as balance_affinity
-from router.classify import Classification, Signals, classify, parse_class_header
+from router.classify import REASON_TEXT, Signals, classify, parse_class_header
 from router.errors import NotFound, RouterError
 from router.facts import RequestFacts, parse_facts
 from router.multipart import Form
@@ -32,21 +32,11 @@ from router.requestrecord import RequestRecord
 from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
+from router.tracecontext import NO_CLIENT_TRACE
 
-
-def route(
-    runtime: Runtime, facts: RequestFacts, headers: Headers, key: ApiKey, slow: bool = False
-) -> Classification:
-    """Classify with the signals the router keeps: repeated prefixes and slow clients."""
-    cfg = runtime.config.classify
-    seen = 0
-    fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
-    if fingerprint is not None:
-        seen = runtime.prefixes.observe(fingerprint, time.monotonic())
-    signals = Signals(
-        header_class=parse_class_header(headers.request_class), prefix_seen=seen, slow_client=slow
-    )
-    return classify(facts, key, signals, cfg)
+# Named tuples built per request are made by the tuple constructor itself: a named tuple's own
+# `__new__` is a Python function.
+_new = tuple.__new__
 
 
 def seen_slow(
@@ -65,20 +55,15 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
     """What the lane's balance strategy routes this request on (router/balance/): the prompt's
     block chain over the whole message list, the body's `user`, `X-Session-Id`, and the
     profile's repeated-prefix length as the default depth; None for strategies that route on none."""
-    if not routes_on_affinity(lane.config.balance):
+    if not lane.settings.affinity:
         return None
     request = AffinityRequest(
         chain=facts.prefix_chain,
         user=facts.user,
         session=session,
-        default_min_tokens=runtime.config.classify.repeated_prefix.min_tokens,
+        default_min_tokens=runtime.classify_rules.repeated_prefix_tokens,
     )
     return balance_affinity(lane.config.balance, request)
-
-
-def _client_address(scope: Message) -> str | None:
-    client = scope.get("client")
-    return str(client[0]) if client else None
 
 
 def handle(
@@ -94,8 +79,10 @@ def handle(
 def start_record(runtime: Runtime, headers: Headers, scope: Message) -> RequestRecord:
     """The request's record, begun as it arrives (its id and trace context)."""
     observer = runtime.observer
-    rid = request_id(headers.request_id, observer.ids)
-    return observer.start(rid, scope["path"], headers.client_trace(), time.monotonic())
+    supplied = headers.request_id
+    rid = request_id(supplied, observer.ids) if supplied else observer.ids.fresh()
+    trace = headers.client_trace() if headers.trace is not None else NO_CLIENT_TRACE
+    return observer.start(rid, scope["path"], trace, time.monotonic())
 
 
 async def observed(runtime: Runtime, rec: RequestRecord, work: Coroutine[Any, Any, None]) -> None:
@@ -133,41 +120,48 @@ async def _handle(
     rid = rec.request_id
     key = runtime.keys.authenticate(headers.authorization)
     rec.key_name = key.name
-    key.allow_route(api.scope)
-    body = await read_body(receive, runtime.config.max_body_bytes, headers.content_length)
+    if api.scope not in key.routes:
+        key.allow_route(api.scope)
+    body = await read_body(receive, runtime.max_body_bytes, headers.content_length)
     rec.bytes_in = len(body)
     form: Form | None = None
     if api.multipart:
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
     else:
         facts = parse_facts(api.endpoint, body, runtime.counter)
-    check_fields(api.endpoint, facts.body, key.fields)
-    check_key_output(facts, key.fields.max_tokens)
-    key.allow_model(facts.model)
+    fields = key.fields
+    check_fields(api.endpoint, facts.body, fields)
+    if fields.max_tokens is not None:
+        check_key_output(facts, fields.max_tokens)
+    if key.models is not None:
+        key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts._replace(prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
-    address = _client_address(scope)
-    lookup = seen_slow(runtime, facts, headers, key, address)
+    client = scope.get("client")
+    address = str(client[0]) if client else None
+    # Only streams are sent to slow_stream: nothing to look up for the others.
+    lookup = seen_slow(runtime, facts, headers, key, address) if facts.stream else None
     slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
-    pool_cfg = lane.pool.config
+    settings = lane.settings
     bound = output_bound(
-        facts, OutputCaps(lane.config.max_output_tokens, key.fields.max_tokens, pool_cfg.vllm.max_model_len)
+        facts, _new(OutputCaps, (settings.max_output_tokens, fields.max_tokens, settings.max_model_len))
     )
-    by_priority = pool_cfg.vllm.scheduling_policy == "priority" and api.engine_fields
-    priority = lane.config.priority if by_priority else None
+    priority = settings.priority if settings.by_priority and api.engine_fields else None
     extra = [(b"x-request-id", rid)]
-    if runtime.config.debug_headers:
+    if runtime.debug_headers:
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
-    rm = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
+    rm = settings.route_metrics
+    if rm is None:
+        rm = settings.route_metrics = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
     rec.classified_at = time.monotonic()
     ticket = Ticket(
         lane,
         facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
-        affinity_for(lane, facts, runtime, headers.session_id),
+        affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
         pin=stored.backend if stored is not None else None,
     )
     if form is not None:
@@ -175,6 +169,9 @@ async def _handle(
     else:
         upstream = upstream_body(facts, bound, priority, key.cache_salt if api.engine_fields else None)
     observer = runtime.observer
+    # A request neither traced nor bringing a trace context carries none upstream.
+    untraced = rec.trace is None and rec.client_trace is NO_CLIENT_TRACE
+    trace_headers = () if untraced else observer.upstream_headers(rec)
     # Positional: the exchange's fields in their order (router/proxy/forward.py).
     ex = Exchange(
         lane,
@@ -193,7 +190,7 @@ async def _handle(
         UsageTail() if observer.wants_usage else None,
         body_writer(scope),
         b"POST",
-        observer.upstream_headers(rec),
+        trace_headers,
     )
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
@@ -216,25 +213,42 @@ def choose_lane(
     stored: conversation.Stored | None,
 ) -> tuple[Lane, str]:
     """The request's lane and the reason for its class, checked against the key and the lane's
-    pool and shape, counted and recorded. The lane's name is its class's."""
-    decision = route(runtime, facts, headers, key, slow)
+    pool and shape, counted and recorded. The lane's name is its class's. The class is decided
+    with the signals the router keeps: repeated prefixes and slow clients."""
+    rules = runtime.classify_rules
+    seen = 0
+    # A prompt shorter than one block has no chain, so no fingerprint to look up.
+    if facts.prefix_chain:
+        fingerprint = facts.prefix_fingerprint(rules.repeated_prefix_tokens)
+        if fingerprint is not None:
+            seen = runtime.prefixes.observe(fingerprint, time.monotonic())
+    header = headers.request_class
+    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
+    decision = classify(facts, key, signals, rules)
     lane = runtime.lanes[decision.cls]
     if stored is not None:
         decision, lane = conversation.follow_lane(decision, lane, stored)
-    key.allow_class(decision.cls)
-    reason: str = decision.reason.value
-    runtime.metrics.classified_child(lane.name, reason).inc()
+    if key.classes is not None:
+        key.allow_class(decision.cls)
+    reason = REASON_TEXT[decision.reason]
+    settings = lane.settings
+    counted = settings.classified.get(reason)
+    if counted is None:
+        counted = settings.classified[reason] = runtime.metrics.classified.labels(lane.name, reason)
+    counted.inc()
     rec.cls, rec.reason = lane.name, reason
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
-    if facts.model not in lane.pool.config.models:
+    if facts.model not in settings.models:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",
         )
-    refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.output_tokens)
-    if refused is not None:
-        raise refused
+    # A lane without a request shape refuses none.
+    if settings.shaped:
+        refused = outside_lane_shape(lane.name, lane.config, facts.prompt_tokens, facts.output_tokens)
+        if refused is not None:
+            raise refused
     return lane, reason
 
 

@@ -14,23 +14,24 @@ class ClientGone(Exception):
     """The client disconnected; nothing more is to be sent."""
 
 
-# Headers that decide who a request is and where it goes: a second copy is refused, since
-# proxies in front of the router and the router itself could each read a different one.
-_SINGLE = frozenset({b"authorization", b"x-request-class", b"x-client-id", b"x-session-id"})
-# Each header read, by the attribute that holds it (the last copy, for those not in _SINGLE);
-# `trace` keeps every traceparent and tracestate line.
-_FIELDS = {
-    b"authorization": "authorization",
-    b"content-length": "content_length",
-    b"content-type": "content_type",
-    b"x-request-id": "request_id",
-    b"x-request-class": "request_class",
-    b"accept": "accept",
-    b"x-session-id": "session_id",
-    b"x-client-id": "client_id",
-    b"traceparent": "trace",
-    b"tracestate": "trace",
+# Each header read, by its place in the scan's list (that of the attribute holding it, the last
+# copy). The first _SINGLE places decide who a request is and where it goes: a second copy is
+# refused, since proxies in front of the router and the router itself could each read a
+# different one. _TRACE keeps every traceparent and tracestate line.
+_PLACES = {
+    b"authorization": 0,
+    b"x-request-class": 1,
+    b"x-client-id": 2,
+    b"x-session-id": 3,
+    b"content-length": 4,
+    b"content-type": 5,
+    b"x-request-id": 6,
+    b"accept": 7,
+    b"traceparent": 8,
+    b"tracestate": 8,
 }
+_SINGLE = 4
+_TRACE = 8
 
 
 class Headers:
@@ -49,29 +50,34 @@ class Headers:
     )
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        self.authorization: bytes | None = None
-        self.content_length: bytes | None = None
-        self.content_type: bytes | None = None
-        self.request_id: bytes | None = None
-        self.request_class: bytes | None = None
-        self.accept: bytes | None = None
-        self.session_id: bytes | None = None
-        self.client_id: bytes | None = None
-        self.trace: list[tuple[bytes, bytes]] | None = None  # traceparent and tracestate lines
+        found: list[bytes | None] = [None] * _TRACE
+        trace: list[tuple[bytes, bytes]] | None = None  # traceparent and tracestate lines
+        places = _PLACES
         for name, value in raw:
             n = name.lower()
-            field = _FIELDS.get(n)
-            if field is None:
+            place = places.get(n)
+            if place is None:
                 continue
-            if field == "trace":
-                if self.trace is None:
-                    self.trace = []
-                self.trace.append((n, value))
+            if place == _TRACE:
+                if trace is None:
+                    trace = []
+                trace.append((n, value))
                 continue
-            # Every value is bytes, never None: a field already set is a second copy.
-            if n in _SINGLE and getattr(self, field) is not None:
+            # Every value is bytes, never None: a place already filled is a second copy.
+            if place < _SINGLE and found[place] is not None:
                 raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
-            setattr(self, field, value)
+            found[place] = value
+        (
+            self.authorization,
+            self.request_class,
+            self.client_id,
+            self.session_id,
+            self.content_length,
+            self.content_type,
+            self.request_id,
+            self.accept,
+        ) = found
+        self.trace = trace
 
     def client_trace(self) -> ClientTrace:
         if self.trace is None:

@@ -17,6 +17,10 @@ from router.proxy.forward import Exchange, forward
 from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
 from router.runtime import Runtime
 
+# Charges are built by the tuple constructor itself: a named tuple's own `__new__` is a Python
+# function.
+_new = tuple.__new__
+
 # The status an access log gives a request whose client left before any response (as nginx does).
 CLIENT_CLOSED = 499
 
@@ -43,13 +47,8 @@ def relay(
     if limits is None:
         return _exchange(runtime, ex, rm, receive, send, None)
     store = runtime.rates
-    charge = Charge(
-        store,
-        store if isinstance(store, MemoryRateStore) else None,
-        key.name,
-        limits,
-        cost if limits.tpm is not None else 0,
-    )
+    local = store if isinstance(store, MemoryRateStore) else None
+    charge = _new(Charge, (store, local, key.name, limits, cost if limits.tpm is not None else 0))
     if charge.local is None:
         return _shared(runtime, ex, rm, receive, send, charge)
     verdict = charge.local.take(charge.key, limits, charge.tokens, time.monotonic())
@@ -76,14 +75,9 @@ def _admitted(ex: Exchange, verdict: Verdict, charge: Charge) -> Charge | None:
     return charge
 
 
-def _used(ex: Exchange, served: bool) -> int | None:
-    """The tokens the response reported using (None if unknown, or if nothing was served)."""
-    return parse_usage(ex.usage_tail.value()) if served and ex.usage_tail is not None else None
-
-
-async def _settle_shared(charge: Charge, ex: Exchange, served: bool, now: float) -> None:
+async def _settle_shared(charge: Charge, used: int | None, served: bool, now: float) -> None:
     if served:
-        await charge.store.settle(charge.key, charge.limits, charge.tokens, _used(ex, served), now)
+        await charge.store.settle(charge.key, charge.limits, charge.tokens, used, now)
     else:
         await charge.store.refund(charge.key, charge.limits, charge.tokens, now)
 
@@ -94,11 +88,11 @@ async def _exchange(
     watchlist = runtime.watchlist
     watch = watchlist.watch(ex, receive)
     rm.in_flight.inc()
-    status = "error"
+    status: int | str = "error"
     served = True
     try:
         await forward(runtime, ex, send)
-        status = str(ex.status)
+        status = ex.status
     except asyncio.CancelledError:
         if not watch.gone:
             raise
@@ -106,28 +100,35 @@ async def _exchange(
         status = "client_disconnect"
         rm.disconnected("stream" if ex.first_byte_at is not None else "before_first_byte")
     except RouterError as err:
-        status = str(err.status)
+        status = err.status
         served = ex.response_started or not isinstance(err, Unavailable)
         raise
     finally:
         watchlist.drop(watch)
         rm.in_flight.dec()
         now = time.monotonic()
-        _observe(ex, rm, status, now)
-        _record(ex, watch.gone)
+        tail = _ended(ex, rm, status, watch.gone, now)
         if charge is not None:
+            # The tokens the response reported using (None if unknown, or if nothing was served).
+            used = parse_usage(tail) if served else None
             if charge.local is not None:
                 # The in-process store: settled here, without a coroutine.
-                charge.local.release(charge.key, charge.limits, charge.tokens, _used(ex, served), now, served)
+                charge.local.release(charge.key, charge.limits, charge.tokens, used, now, served)
             else:
-                await _settle_shared(charge, ex, served, now)
+                await _settle_shared(charge, used, served, now)
 
 
-def _record(ex: Exchange, gone: bool) -> None:
-    """What the relay learned, into the request's record; the status is the one the client got
-    (or, gone before a response, nginx's 499)."""
+def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
+    """The exchange's metrics, and what the relay learned into the request's record: the status
+    there is the one the client got (or, gone before a response, nginx's 499). Returns the
+    response's tail, b"" if not kept."""
+    rm.request_done(status)
+    first_byte_at = ex.first_byte_at
+    if first_byte_at is not None:
+        rm.ttft.observe(first_byte_at - ex.started)
+        rm.duration.observe(now - ex.started)
     rec = ex.record
-    rec.first_byte_at = ex.first_byte_at
+    rec.first_byte_at = first_byte_at
     rec.bytes_out = ex.bytes_out
     tail = ex.usage_tail.value() if ex.usage_tail is not None else b""
     if tail:
@@ -137,10 +138,4 @@ def _record(ex: Exchange, gone: bool) -> None:
     if gone:
         rec.client_disconnect = True
         rec.end(ex.status if ex.response_started else CLIENT_CLOSED)
-
-
-def _observe(ex: Exchange, rm: RouteMetrics, status: str, now: float) -> None:
-    rm.request_done(status)
-    if ex.first_byte_at is not None:
-        rm.ttft.observe(ex.first_byte_at - ex.started)
-        rm.duration.observe(now - ex.started)
+    return tail
