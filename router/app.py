@@ -109,13 +109,12 @@ class LaneRouterApp:
         self._lifespan = lifespan
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "lifespan":
-            await self._run_lifespan(receive, send)
-
-    async def _http(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._run_lifespan(receive, send)
+            return
+        # Requests are served in this coroutine, not in one of their own: the request's task
+        # resumes through one frame fewer at every await.
         # Every RouterError is raised before a response starts: failures after the first byte
         # are answered in-stream by the relay, or end as ResponseAborted. Any other exception is
         # the server's to report: logged once, a 500 if nothing was sent yet, else the
