@@ -144,8 +144,9 @@ class Connection(RequestReader):
 
     def _head_started(self) -> None:
         if self._served and self._active is None:
-            # A kept-alive connection: the head's clock starts at its first byte.
-            since = self._since = self.loop.time()
+            # A kept-alive connection: the head's clock starts at its first byte, which came
+            # with the read being parsed now.
+            since = self._since = self._last_read
             self.arm_by(since + self._config.head_timeout_s)
 
     def _body_ended(self) -> None:
