@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from router import admin
 from router.apiroutes import PROXIED, ApiRoute, StoredRoute, stored_route
@@ -24,6 +24,7 @@ from router.runtime import Runtime
 from router.state import RouterState
 
 Handler = Callable[[RouterState, Message, Receive, Send], Awaitable[None]]
+R = TypeVar("R")
 
 log = logging.getLogger("lane_router.app")
 
@@ -60,15 +61,15 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
     await send_json(send, 200, {"object": "list", "data": data})
 
 
-def _on_runtime(serve: Callable[[Runtime, Message, Receive, Send], Awaitable[None]]) -> Handler:
-    """A handler that serves on the runtime current at its start, held until it ends, so a
-    reload drains what the old runtime started."""
+def _on_runtime(serve: Callable[[Runtime, R, Message, Receive, Send], Awaitable[None]], route: R) -> Handler:
+    """A handler that serves `route` on the runtime current at its start, held until it ends, so
+    a reload drains what the old runtime started."""
 
     async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
         runtime = state.runtime
         runtime.enter()
         try:
-            await serve(runtime, scope, receive, send)
+            await serve(runtime, route, scope, receive, send)
         finally:
             runtime.leave()
 
@@ -76,18 +77,15 @@ def _on_runtime(serve: Callable[[Runtime, Message, Receive, Send], Awaitable[Non
 
 
 def _proxy(api: ApiRoute) -> Handler:
-    return _on_runtime(lambda rt, scope, receive, send: handle(rt, api, scope, receive, send))
+    return _on_runtime(handle, api)
 
 
 def _stored(route: StoredRoute) -> Handler:
-    return _on_runtime(lambda rt, scope, receive, send: handle_stored(rt, route, scope, receive, send))
+    return _on_runtime(handle_stored, route)
 
 
-def _methods(path: bytes) -> dict[str, Handler] | None:
-    """The handlers of the route `path` names exactly: a fixed route, or a stored response's."""
-    methods = ROUTES.get(path)
-    if methods is not None:
-        return methods
+def _stored_methods(path: bytes) -> dict[str, Handler] | None:
+    """The handlers of the stored response's route `path` names exactly, if one does."""
     stored = stored_route(path)
     return None if stored is None else {stored.method: _stored(stored)}
 
@@ -109,19 +107,20 @@ class LaneRouterApp:
         self._lifespan = lifespan
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "lifespan":
-            await self._run_lifespan(receive, send)
-
-    async def _http(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._run_lifespan(receive, send)
+            return
+        # Requests are served in this coroutine, not in one of their own: the request's task
+        # resumes through one frame fewer at every await.
         # Every RouterError is raised before a response starts: failures after the first byte
         # are answered in-stream by the relay, or end as ResponseAborted. Any other exception is
         # the server's to report: logged once, a 500 if nothing was sent yet, else the
         # connection is dropped (router/httpserver/dispatch.py).
         try:
-            methods = _methods(scope.get("raw_path") or scope["path"].encode())
+            path = scope.get("raw_path") or scope["path"].encode()
+            # The fixed routes looked up here, not in a call: they take every proxied request.
+            methods = ROUTES.get(path) or _stored_methods(path)
             if methods is None:
                 raise NotFound("unknown route", code="unknown_route")
             handler = methods.get(scope["method"])

@@ -133,7 +133,8 @@ class Connection(RequestReader):
     # -- requests and responses -----------------------------------------------------------------
 
     def _accept(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> Exchange:
-        ex = Exchange(self, scope, keep_alive=keep_alive, expect_continue=expect_continue)
+        # Positional: keywords would cost a dict for every request.
+        ex = Exchange(self, scope, keep_alive, expect_continue)
         if self._active is None:
             self._begin(ex)  # the read that ends in a body re-arms for the body's deadline
         else:
@@ -143,9 +144,10 @@ class Connection(RequestReader):
 
     def _head_started(self) -> None:
         if self._served and self._active is None:
-            # A kept-alive connection: the head's clock starts at its first byte.
-            self._since = self.loop.time()
-            self.rearm()
+            # A kept-alive connection: the head's clock starts at its first byte, which came
+            # with the read being parsed now.
+            since = self._since = self._last_read
+            self.arm_by(since + self._config.head_timeout_s)
 
     def _body_ended(self) -> None:
         if self._draining:
@@ -177,8 +179,11 @@ class Connection(RequestReader):
             if not self._queue:
                 self._resume(QUEUED)
             return
-        self._since = self.loop.time()
-        self.rearm()
+        since = self._since = self.loop.time()
+        if self._phase == WAIT:
+            self.arm_by(since + self._config.keepalive_timeout_s)  # the usual case of `deadline`
+        else:
+            self.rearm()
 
     def resume_body(self) -> None:
         self._resume(BODY_HELD)

@@ -43,8 +43,9 @@ class ServerContext:
 
     def finished(self, ex: Exchange) -> None:
         """`ex`'s app has returned (or raised)."""
-        self.running.discard(ex)
-        if not self.running:
+        running = self.running
+        running.discard(ex)
+        if not running and self._settled is not None:
             self._wake()
 
     def forget(self, conn: Connection) -> None:

@@ -32,8 +32,11 @@ class Watched(asyncio.Protocol):
     def rearm(self) -> None:
         """Call when a deadline may have come earlier (a new phase of the connection)."""
         deadline = self.deadline()
-        if deadline == INF:
-            return
+        if deadline != INF:
+            self.arm_by(deadline)
+
+    def arm_by(self, deadline: float) -> None:
+        """`rearm` for a caller that knows the deadline `deadline()` gives now."""
         timer = self._timer
         if timer is not None:
             if self._timer_at <= deadline:

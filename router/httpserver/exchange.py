@@ -50,7 +50,7 @@ class Exchange:
     )
 
     def __init__(
-        self, conn: Connection, scope: dict[str, Any], *, keep_alive: bool, expect_continue: bool
+        self, conn: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
     ) -> None:
         # `send.__self__.transport` is how router/slowclient.py `unsent_probe` finds the socket.
         self.transport = conn.transport
@@ -201,8 +201,14 @@ class Exchange:
         sent back to back would make it, its head and body in one write."""
         if self._gone:
             return
-        self._head = self._plan(status, headers)
-        self._write(body, False)
+        head = self._plan(status, headers)
+        if self._framing == LENGTH and len(body) <= JOIN_LIMIT:
+            # The usual answer, without `_write`'s other framings.
+            self._count(len(body), False)
+            self.transport.write(head + body)
+        else:
+            self._head = head
+            self._write(body, False)
         self._finish()
 
     def _start(self, message: Message) -> None:

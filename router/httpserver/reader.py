@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
 from router.httpserver.deadlines import Watched
-from router.httpserver.scope import http_scope
+from router.httpserver.scope import http_scope, scope_base, split_target
 from router.httpserver.wire import client_error
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ STOPPED = 4  # the connection is ending
 
 # The methods' names, decoded once.
 _METHODS = MappingProxyType(
-    {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
+    {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE")}
 )
 
 
@@ -61,7 +61,10 @@ class RequestReader(Watched):
         "_refusal",
         "_resuming",
         "_scheme",
+        "_scope_base",
         "_served",
+        "_split",
+        "_split_target",
         "_target",
         "closing",
         "date",
@@ -85,6 +88,10 @@ class RequestReader(Watched):
         self._head_bytes = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._target = b""
+        self._scope_base: dict[str, Any] | None = None  # once the endpoints are known
+        # Requests on one connection mostly repeat their target: its split is kept for the next.
+        self._split_target = b""
+        self._split: tuple[str, bytes, bytes] = ("", b"", b"")
         self._expect = False
         self._resuming = False
         self._refusal: bytes | None = None
@@ -199,8 +206,20 @@ class RequestReader(Watched):
         self._head_bytes = 0
         self._served += 1
         raw_method = parser.get_method()
-        method = _METHODS.get(raw_method) or raw_method.decode("ascii")
-        scope = http_scope(method, self._target, version, headers, self.endpoints, self._scheme)
+        try:
+            method = _METHODS[raw_method]
+        except KeyError:
+            method = raw_method.decode("ascii")
+        target = self._target
+        if target == self._split_target:
+            split = self._split
+        else:
+            split = self._split = split_target(target)
+            self._split_target = target
+        base = self._scope_base
+        if base is None:
+            base = self._scope_base = scope_base(self._scheme, self.endpoints)
+        scope = http_scope(base, method, split, version, headers)
         keep_alive = parser.should_keep_alive() and not self.closing and method != "CONNECT"
         self._parsing = self._latest = self._accept(scope, keep_alive, self._expect and version == "1.1")
 

@@ -25,12 +25,14 @@ _STATUS_LINES = MappingProxyType(
 
 
 def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        if not 100 <= status <= 999:
-            raise RuntimeError(f"invalid HTTP status {status!r}")
-        line = b"HTTP/1.1 %d \r\n" % status
-    return line
+    # A subscript, not `get`: a mapping proxy's `get` is a method call on the dict behind it.
+    try:
+        return _STATUS_LINES[status]
+    except KeyError:
+        pass
+    if not 100 <= status <= 999:
+        raise RuntimeError(f"invalid HTTP status {status!r}")
+    return b"HTTP/1.1 %d \r\n" % status
 
 
 class DateHeader:

@@ -77,9 +77,9 @@ def build_head(
     head = b"".join(parts)
     # One scan instead of one per field: every CR/LF must be one of the line ends we wrote.
     lines = len(headers) + need_host + need_length + 2
-    # `find`, not `in`: on bytes, `in` raises and clears a TypeError inside before it searches.
-    spaced = target.find(b" ") >= 0 or method.find(b" ") >= 0
-    if head.count(b"\n") != lines or head.count(b"\r") != lines or spaced:
+    # The request line's own two spaces, and no other before its version.
+    spaces = head.count(b" ", 0, len(method) + len(target) + 2)
+    if head.count(b"\n") != lines or head.count(b"\r") != lines or spaces != 2:
         raise ValueError("CR, LF or space inside the request line or a header field")
     return head
 

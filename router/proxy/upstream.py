@@ -431,10 +431,6 @@ class UpstreamResponse:
         """Return the connection if the body was fully read and keep-alive allowed; else close it now."""
         self._release()
 
-    def release(self) -> None:
-        """`aclose` without awaiting."""
-        self._release()
-
     async def __aenter__(self) -> UpstreamResponse:
         return self
 
@@ -446,9 +442,12 @@ class UpstreamResponse:
     ) -> None:
         self._release()
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """`aclose` without awaiting."""
         conn = self._conn
         if conn is not None:
             self._conn = None
             conn.detach()
             self._pool._release(conn)
+
+    _release = release

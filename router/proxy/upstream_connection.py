@@ -42,13 +42,13 @@ class UpstreamConnection(UpstreamBody):
         "_head_bytes",
         "_head_request",
         "_head_since",
-        "_headers",
         "_interim",
         "_label",
         "_new_parser_needed",
         "_on_closed",
         "_parser",
         "got_bytes",
+        "headers",
         "in_pool",
         "status",
     )
@@ -69,7 +69,7 @@ class UpstreamConnection(UpstreamBody):
         # Per exchange; `send` resets them.
         self._head_request = False
         self._interim = False
-        self._headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[tuple[bytes, bytes]] = []  # the response's, as received
         self._head_since = 0.0  # the request's write, then the head's first byte
         self._head_bytes = 0
         self._framing_bytes = 0
@@ -77,10 +77,6 @@ class UpstreamConnection(UpstreamBody):
         self.got_bytes = False  # a byte of the response arrived
 
     # -- used by the pool and the response -------------------------------------------------
-
-    @property
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        return self._headers
 
     def send(self, head: bytes, body: bytes, *, head_request: bool) -> None:
         transport = self._transport
@@ -92,14 +88,14 @@ class UpstreamConnection(UpstreamBody):
         self._interim = False
         self._keep_alive = False
         self._exc = None
-        self._headers = []
+        self.headers = []
         self._head_bytes = 0
         self._framing_bytes = 0
         self.status = 0
         self.got_bytes = False
         self._state = HEADERS
         self._head_since = now = self._loop.time()
-        self._timer.arm_by(self._limits.deadline(BEFORE_HEAD, now))
+        self._timer.arm_by(now + self._limits.head_timeout)  # BEFORE_HEAD's deadline
         if not body:
             transport.write(head)
         elif len(body) <= 65536:
@@ -173,7 +169,10 @@ class UpstreamConnection(UpstreamBody):
         room = limits.max_head_bytes - self._head_bytes
         if len(data) <= room:
             self._head_bytes += len(data)
-            self._feed(data)
+            try:  # `_feed`, inline: nearly every head and body arrive in this one read
+                self._parser.feed_data(data)
+            except (HttpParserError, HttpParserUpgrade) as exc:
+                self._parse_failed(exc)
         else:
             view = memoryview(data)
             self._head_bytes = limits.max_head_bytes
@@ -212,7 +211,7 @@ class UpstreamConnection(UpstreamBody):
             self._fail(UpstreamProtocolError(f"{self._label}: malformed response: {exc}"))
 
     def eof_received(self) -> bool:
-        if self._state == BODY and not self._head_request and not body_is_delimited(self._headers):
+        if self._state == BODY and not self._head_request and not body_is_delimited(self.headers):
             self._complete(keep_alive=False)
             if self._sink is not None:
                 self._deliver()
@@ -242,7 +241,7 @@ class UpstreamConnection(UpstreamBody):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._state != HEADERS:  # trailers, which are dropped
             return
-        headers = self._headers
+        headers = self.headers
         headers.append((name, value))
         if len(headers) > self._limits.max_headers:
             err = UpstreamProtocolError(
@@ -259,7 +258,7 @@ class UpstreamConnection(UpstreamBody):
         if status < 200:
             # An interim response (100 Continue, 103 Early Hints): the real one follows.
             self._interim = True
-            self._headers = []
+            self.headers = []
             return
         self.status = status
         self._state = BODY
@@ -270,7 +269,7 @@ class UpstreamConnection(UpstreamBody):
             self._complete(self._parser.should_keep_alive())
         else:
             self._last_read = now = self._loop.time()
-            self._timer.arm_by(self._limits.deadline(IN_BODY, now))
+            self._timer.arm_by(now + self._limits.read_timeout)  # IN_BODY's deadline
             self._wake()
 
     def on_body(self, body: bytes) -> None:

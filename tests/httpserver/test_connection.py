@@ -29,6 +29,29 @@ async def test_keep_alive_serves_many_requests_and_connection_close_ends_it() ->
         client.close()
 
 
+async def test_each_request_on_a_kept_alive_connection_gets_a_scope_of_its_own() -> None:
+    targets = ["/a?x=1", "/a?x=1", "/a%20b", "/a?x=1", "/p#frag"]
+    scopes = []
+    async with serving() as server:
+        client = await Raw.open(server.port)
+        for target in targets:
+            method = "GET" if len(scopes) % 2 else "POST"
+            client.send(request(method, target))
+            scopes.append(orjson.loads((await client.response()).body))
+        client.close()
+
+    seen = [(s["method"], s["path"], s["raw_path"], s["query_string"]) for s in scopes]
+    assert seen == [
+        ("POST", "/a", "/a", "x=1"),
+        ("GET", "/a", "/a", "x=1"),
+        ("POST", "/a b", "/a%20b", ""),
+        ("GET", "/a", "/a", "x=1"),
+        ("POST", "/p", "/p", ""),
+    ]
+    assert all(s["http_version"] == "1.1" and s["scheme"] == "http" and s["root_path"] == "" for s in scopes)
+    assert all(s["client"][0] == "127.0.0.1" and s["server"][1] == server.port for s in scopes)
+
+
 async def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
     release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
