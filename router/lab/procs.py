@@ -19,17 +19,19 @@ def child_process(
     log: Path | None = None,
     stdout_to_log: bool = False,
     grace_s: float = 10.0,
+    pass_fds: Sequence[int] = (),
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run `args` for the duration of the block. Its stderr (and its stdout with
     `stdout_to_log`) goes to the file `log`, never to a pipe: nobody drains a pipe during a run,
-    and a full one would stall the child. Without `log`, stdout is discarded and stderr shared."""
+    and a full one would stall the child. Without `log`, stdout is discarded and stderr shared.
+    `pass_fds`: descriptors the child inherits."""
     if log is None:
-        proc = subprocess.Popen(list(args), env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(list(args), env=env, stdout=subprocess.DEVNULL, pass_fds=pass_fds)
     else:
         with log.open("wb") as out:  # the child keeps its own copy of the descriptor
             stdout = out if stdout_to_log else subprocess.DEVNULL
             err = subprocess.STDOUT if stdout_to_log else out
-            proc = subprocess.Popen(list(args), env=env, stdout=stdout, stderr=err)
+            proc = subprocess.Popen(list(args), env=env, stdout=stdout, stderr=err, pass_fds=pass_fds)
     try:
         yield proc
     finally:

@@ -15,6 +15,14 @@ one request at a time, so every request takes the same path through the loop; wi
 batch by the timing of the run). The backend's health is probed once, at start-up, only. Run as
 a file with `PYTHONPATH=TREE` to measure another tree of the router (the backend and the client
 still come from this file's tree).
+
+`paced` streams as `stream` does, but as a paced backend (vLLM) does: each of the 65 writes of
+a response's body (64 tokens, then `[DONE]` with the body's end) reaches the router alone, in a
+read of its own. The backend writes the next one only once the client has acknowledged the
+last (router/lab/bench/zero_backend.py `--lockstep-fd`), over a socket pair between the two
+children, so it holds whatever the timing; its one connection is checked by `gaps` in the
+result, the token gaps the router timed, one per read after a response's first (64 each).
+Per read, then: (paced − whole) / 65.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -35,38 +44,67 @@ from router import httpserver
 from router.config.load import parse_profile
 from router.lab.bench.peers.targets import lane_router_profile
 from router.lab.procs import child_process, free_ports
+from router.metrics import Metrics
 from router.server import build_app, server_config
 from router.settings import Settings
 
 KEY = "wirepath-key"
 TOKENS = 64  # per streamed request
+MODES = ("whole", "stream", "paced")
 _WAIT_READY = (
     "import sys; from router.lab.bench.peers.harness import wait_ready; "
     "wait_ready(int(sys.argv[1]), sys.argv[2], None)"
 )
 
 
-def _client(port: int, n: int, stream: bool, concurrency: int) -> list[str]:
+def _client(port: int, n: int, stream: bool, concurrency: int, ack_fd: int | None) -> list[str]:
     args = [sys.executable, "-m", "router.lab.bench.peers.loadgen", "--port", str(port), "--key", KEY]
     args += ["--max-requests", str(n), "--concurrency", str(concurrency), "--duration", "86400"]
     args += ["--timeout", "120", "--tokens", str(TOKENS if stream else 16)]
+    if ack_fd is not None:
+        args += ["--ack-fd", str(ack_fd)]
     return [*args, "--stream"] if stream else args
 
 
 async def _serve(
-    app: object, settings: Settings, sock: socket.socket, client: list[str]
+    app: Any, settings: Settings, sock: socket.socket, client: list[str], pass_fds: tuple[int, ...]
 ) -> dict[str, object]:
     """Serve on `sock` until the client has sent its requests, then stop as a signal would."""
     server = asyncio.ensure_future(httpserver.serve(app, server_config(settings), sock=sock))
-    proc = await asyncio.create_subprocess_exec(*client, stdout=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(*client, stdout=asyncio.subprocess.PIPE, pass_fds=pass_fds)
     out, _ = await proc.communicate()
     os.kill(os.getpid(), signal.SIGTERM)
     await server
     result: dict[str, object] = json.loads(out)
+    result["gaps"] = _gaps_timed(app.state.metrics)
     return result
 
 
-def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
+def _gaps_timed(metrics: Metrics) -> int:
+    """The token gaps the router timed: one per body read of a stream after its first."""
+    counts = (s.value for m in metrics.itl.collect() for s in m.samples if s.name.endswith("_count"))
+    return int(sum(counts))
+
+
+def run(n: int, stream: bool, concurrency: int, paced: bool = False) -> dict[str, object]:
+    if paced and (not stream or concurrency != 1):
+        raise ValueError("paced streams run one at a time")
+    backend_end, client_end = socket.socketpair() if paced else (None, None)
+    try:
+        return _run(n, stream, concurrency, backend_end, client_end)
+    finally:
+        for end in (backend_end, client_end):
+            if end is not None:
+                end.close()
+
+
+def _run(
+    n: int,
+    stream: bool,
+    concurrency: int,
+    backend_end: socket.socket | None,
+    client_end: socket.socket | None,
+) -> dict[str, object]:
     backend, port = free_ports(2)
     profile = lane_router_profile(f"http://127.0.0.1:{backend}", KEY)
     profile["health"] = {"interval_s": 3600}
@@ -79,19 +117,31 @@ def run(n: int, stream: bool, concurrency: int) -> dict[str, object]:
     here = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(here)}
     backend_cmd = [sys.executable, "-m", "router.lab.bench.zero_backend", "--port", str(backend)]
-    with child_process(backend_cmd, env=env):
+    backend_fds = _fds(backend_end)
+    if backend_end is not None:
+        backend_cmd += ["--lockstep-fd", str(backend_end.fileno())]
+    ack_fd = client_end.fileno() if client_end is not None else None
+    client = _client(port, n, stream, concurrency, ack_fd)
+    with child_process(backend_cmd, env=env, pass_fds=backend_fds):
         # Waited for by a child: a polling loop here would count a varying number of tries.
         subprocess.run([sys.executable, "-c", _WAIT_READY, str(backend), KEY], env=env, check=True)
         app = build_app(settings, parse_profile(profile))
         with socket.create_server(("127.0.0.1", port), backlog=4096) as sock:
-            return uvloop.run(_serve(app, settings, sock, _client(port, n, stream, concurrency)))
+            return uvloop.run(_serve(app, settings, sock, client, _fds(client_end)))
+
+
+def _fds(end: socket.socket | None) -> tuple[int, ...]:
+    return () if end is None else (end.fileno(),)
 
 
 def main(argv: list[str]) -> int:
-    stream, n = argv[0] == "stream", int(argv[1])
+    mode, n = argv[0], int(argv[1])
+    if mode not in MODES:
+        print(f"the mode is one of {', '.join(MODES)}", file=sys.stderr)
+        return 2
     concurrency = int(argv[2]) if len(argv) > 2 else 1
     began = time.process_time()
-    result = run(n, stream, concurrency)
+    result = run(n, mode != "whole", concurrency, paced=mode == "paced")
     spent = time.process_time() - began
     print(f"{argv[0]}: {json.dumps(result)}; {spent / n * 1e6:.1f} µs CPU per request, start-up included")
     if result.get("requests") != n or result.get("errors") or result.get("bad_counts"):

@@ -5,12 +5,19 @@ It does no work beyond writing vLLM-shaped bytes (router/lab/sim/protocol.py), s
 benchmark measures between the direct and the routed path is the router's own cost.
 
     python -m router.lab.bench.zero_backend --port PORT [--ttft-ms 20 --itl-ms 5]
+    python -m router.lab.bench.zero_backend --port PORT --lockstep-fd FD
+
+In lockstep a stream's every write waits for one byte on the socket FD, which the client sends
+when it received the response's head and each token: each write then reaches the proxy alone,
+in a read of its own, however fast or loaded the machine is (router/lab/bench/wirepath.py
+`paced`). It serves one stream at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,8 +40,9 @@ class Pace:
 
 
 class ZeroBackend:
-    def __init__(self, pace: Pace) -> None:
+    def __init__(self, pace: Pace, lockstep: socket.socket | None = None) -> None:
         self.pace = pace
+        self.lockstep = lockstep
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -78,8 +86,15 @@ class ZeroBackend:
         for i in range(tokens):
             if i and self.pace.itl_s:
                 await asyncio.sleep(self.pace.itl_s)
+            await self._step()
             await send({"type": "http.response.body", "body": writer.text(f" t{i}"), "more_body": True})
+        await self._step()
         await send({"type": "http.response.body", "body": writer.done(), "more_body": False})
+
+    async def _step(self) -> None:
+        """In lockstep, until the client has what was written before."""
+        if self.lockstep is not None and not await asyncio.get_running_loop().sock_recv(self.lockstep, 1):
+            raise ConnectionError("the lockstep socket closed")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -90,10 +105,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ttft-ms", type=float, default=0.0)
     parser.add_argument("--itl-ms", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=16, help="tokens when the request sets no max_tokens")
+    parser.add_argument("--lockstep-fd", type=int, help="a socket: one byte per write a stream may make")
     args = parser.parse_args(argv)
     pace = Pace(tokens=args.tokens, ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000)
+    lockstep = None
+    if args.lockstep_fd is not None:
+        lockstep = socket.socket(fileno=args.lockstep_fd)
+        lockstep.setblocking(False)
     uvicorn.run(
-        ZeroBackend(pace),
+        ZeroBackend(pace, lockstep),
         host="127.0.0.1",
         port=args.port,
         loop="uvloop",

@@ -6,7 +6,10 @@ it counts the SSE token events (`data: [DONE]` apart) and times the first one (T
 Prints one JSON object (see `Stats.result`). It imports nothing heavy: one is started per load.
 
     python -m router.lab.bench.peers.loadgen --port P --key KEY [--stream] [--tokens 64] \
-        [--concurrency 32] [--duration 8] [--stagger-ms 335]
+        [--concurrency 32] [--duration 8] [--stagger-ms 335] [--ack-fd FD]
+
+With `--ack-fd` it writes one byte to that socket for each response head and each token event
+received: the backend's lockstep (router/lab/bench/zero_backend.py) waits for them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,7 +57,8 @@ def request_bytes(port: int, key: str, tokens: int, stream: bool) -> bytes:
 class Conn(asyncio.Protocol):
     transport: asyncio.Transport
 
-    def __init__(self) -> None:
+    def __init__(self, ack_fd: int | None = None) -> None:
+        self.ack_fd = ack_fd
         self.parser = httptools.HttpResponseParser(self)
         self.done: asyncio.Future[None] | None = None
         self.status = self.events = 0
@@ -68,6 +73,12 @@ class Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        self.ack(1)
+
+    def ack(self, received: int) -> None:
+        if self.ack_fd is not None:
+            # A few bytes on a socket the backend keeps reading: the write never blocks.
+            os.write(self.ack_fd, b"." * received)
 
     def on_body(self, body: bytes) -> None:
         # Every proxy here relays the backend's event writes whole, so "data: " is never split
@@ -77,6 +88,7 @@ class Conn(asyncio.Protocol):
             if not self.events:
                 self.first = time.perf_counter()
             self.events += tokens
+            self.ack(tokens)
 
     def on_message_complete(self) -> None:
         self.keep_alive = bool(self.parser.should_keep_alive())
@@ -145,7 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             budget[0] -= 1
             try:
                 if conn is None or conn.transport.is_closing():
-                    _, conn = await loop.create_connection(Conn, HOST, args.port)
+                    _, conn = await loop.create_connection(lambda: Conn(args.ack_fd), HOST, args.port)
                 await asyncio.wait_for(conn.exchange(raw), args.timeout)
             except (OSError, TimeoutError, httptools.HttpParserError) as err:
                 stats.errors += 1
@@ -177,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-requests", type=int, default=1_000_000)
     parser.add_argument("--timeout", type=float, default=10.0, help="per request, seconds")
     parser.add_argument("--stagger-ms", type=float, default=0.0, help="connection i starts after i/C of this")
+    parser.add_argument("--ack-fd", type=int, help="a socket to acknowledge heads and tokens on")
     args = parser.parse_args(argv)
     import uvloop
 
