@@ -22,10 +22,11 @@ read of its own. The backend writes the next one only once the client has acknow
 last (router/lab/bench/zero_backend.py `--lockstep-fd`), over a socket pair between the two
 children, so it holds whatever the timing; its one connection is checked by `gaps` in the
 result, the token gaps the router timed, one per read after a response's first (64 each).
-Per read, then: (paced − whole) / 65. One part of a stream's work still goes by the clock: the
-client's lag is sampled every LAG_CHECK_S (router/slowclient.py), and under an instruction
-counter a request lasts long enough for a few samples, more on a busier machine. Two trees are
-compared fairly by runs made side by side.
+Per read, then: (paced − whole) / 65. Some of a stream's work still goes by the clock (the
+client's lag is sampled every LAG_CHECK_S, router/slowclient.py; the client's next request may
+come before or after the last one's task has finished): one tree's paced count moves by a few
+percent from run to run on a busy machine. Compare two trees by runs made side by side, over a
+wide N2 − N1.
 """
 
 from __future__ import annotations
