@@ -76,12 +76,8 @@ def parse_class_header(value: bytes | None) -> RequestClass | None:
         return None
 
 
-def classify(
-    facts: RequestFacts, key: ApiKey, signals: Signals, cfg: ClassifyRules | ClassifyConfig
-) -> Classification:
-    long_context, batch_min_output, prefix_seen, _, default_class = (
-        cfg if isinstance(cfg, ClassifyRules) else ClassifyRules.of(cfg)
-    )
+def classify(facts: RequestFacts, key: ApiKey, signals: Signals, rules: ClassifyRules) -> Classification:
+    long_context, batch_min_output, prefix_seen, _, default_class = rules
     if signals.header_class is not None and key.may_set_class:
         return _new(Classification, (signals.header_class, Reason.HEADER))
     if key.pin_class is not None:

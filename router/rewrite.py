@@ -68,16 +68,15 @@ def upstream_body(
     facts: RequestFacts, bound: int | None, priority: int | None, cache_salt: str | None
 ) -> bytes:
     body = dict(facts.body)
-    if bound is None:
-        pass
-    elif facts.endpoint == "responses":
-        body["max_output_tokens"] = bound
-    elif facts.endpoint == "chat" and body.get("max_completion_tokens") is not None:
-        body["max_completion_tokens"] = bound
-        body.pop("max_tokens", None)
-    else:
-        body["max_tokens"] = bound
-        body.pop("max_completion_tokens", None)
+    if bound is not None:
+        if facts.endpoint == "responses":
+            body["max_output_tokens"] = bound
+        elif facts.endpoint == "chat" and body.get("max_completion_tokens") is not None:
+            body["max_completion_tokens"] = bound
+            body.pop("max_tokens", None)
+        else:
+            body["max_tokens"] = bound
+            body.pop("max_completion_tokens", None)
     if priority is not None:
         body["priority"] = priority
     if cache_salt is not None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from router.auth import ApiKey, build_keys, hash_key
-from router.classify import Classification, Reason, Signals, classify, parse_class_header
+from router.classify import Classification, ClassifyRules, Reason, Signals, classify, parse_class_header
 from router.config import ClassifyConfig, KeyConfig, RequestClass
 from router.config.models import RepeatedPrefix
 from router.facts import RequestFacts
@@ -40,7 +40,7 @@ def key(**fields: Any) -> ApiKey:
 
 
 def run(facts: RequestFacts = PLAIN, k: ApiKey | None = None, **signals: Any) -> Classification:
-    return classify(facts, k or key(), Signals(**signals), CFG)
+    return classify(facts, k or key(), Signals(**signals), ClassifyRules.of(CFG))
 
 
 def test_plain_streamed_chat_is_default_chat() -> None:
@@ -48,7 +48,7 @@ def test_plain_streamed_chat_is_default_chat() -> None:
 
 
 def test_default_class_comes_from_config() -> None:
-    cfg = ClassifyConfig(default_class=RequestClass.BATCH)
+    cfg = ClassifyRules.of(ClassifyConfig(default_class=RequestClass.BATCH))
 
     assert classify(PLAIN, key(), Signals(), cfg) == Classification(RequestClass.BATCH, Reason.DEFAULT)
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from router.auth import build_keys, hash_key
-from router.classify import Signals, classify
+from router.classify import ClassifyRules, Signals, classify
 from router.config import ClassifyConfig, KeyConfig, RequestClass
 from router.errors import BadRequest
 from router.facts import Endpoint, RequestFacts, parse_facts
@@ -49,7 +49,7 @@ def test_a_thousand_sequences_make_a_non_streamed_chat_a_batch() -> None:
     (key,) = build_keys((KeyConfig(name="k", sha256=hash_key("k")),), {})
     f = facts({**user("hi"), "n": 1000, "max_tokens": 200})
 
-    assert classify(f, key, Signals(), ClassifyConfig()).cls is RequestClass.BATCH
+    assert classify(f, key, Signals(), ClassifyRules.of(ClassifyConfig())).cls is RequestClass.BATCH
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_no_script_makes_a_long_prompt_short(text: str, at_least: int) -> None:
     assert f.prompt_tokens >= at_least
     (key,) = build_keys((KeyConfig(name="k", sha256=hash_key("k")),), {})
     cfg = ClassifyConfig(long_context_tokens=6000)
-    assert classify(f, key, Signals(), cfg).cls is RequestClass.LONG_CONTEXT
+    assert classify(f, key, Signals(), ClassifyRules.of(cfg)).cls is RequestClass.LONG_CONTEXT
 
 
 def test_names_and_tool_call_ids_count() -> None:

@@ -113,11 +113,11 @@ class VirtualRouter:
 
     def pick(self, states: Sequence[BackendState], req: TraceRequest) -> int | None:
         runtime = self.runtime
-        cfg = runtime.config.classify
+        rules = runtime.classify_rules
         try:
             facts = parse_facts("chat", orjson.dumps(req.body), runtime.counter)
             seen = 0
-            fingerprint = facts.prefix_fingerprint(cfg.repeated_prefix.min_tokens)
+            fingerprint = facts.prefix_fingerprint(rules.repeated_prefix_tokens)
             if fingerprint is not None:
                 seen = runtime.prefixes.observe(fingerprint, req.arrival)
             identity = self._identity(req.request_id)
@@ -126,7 +126,7 @@ class VirtualRouter:
                 and identity is not None
                 and self.runtime.slow_clients.is_slow(identity, req.arrival)
             )
-            decision = classify(facts, self.key, Signals(prefix_seen=seen, slow_client=slow), cfg)
+            decision = classify(facts, self.key, Signals(prefix_seen=seen, slow_client=slow), rules)
             self.key.allow_class(decision.cls)
         except RouterError:
             return None
