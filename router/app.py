@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from router import admin
-from router.apiroutes import PROXIED, ApiRoute, StoredRoute, stored_route
+from router.apiroutes import PROXIED, stored_route
 from router.asgi import Message, Receive, Send, send_bytes, send_json
 from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
 from router.metrics import CONTENT_TYPE
@@ -61,43 +62,33 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
     await send_json(send, 200, {"object": "list", "data": data})
 
 
-def _on_runtime(serve: Callable[[Runtime, R, Message, Receive, Send], Awaitable[None]], route: R) -> Handler:
-    """A handler that serves `route` on the runtime current at its start, held until it ends, so
-    a reload drains what the old runtime started."""
+@dataclass(frozen=True, slots=True)
+class OnRuntime(Generic[R]):
+    """A route served on the runtime current at its start, held until it ends, so a reload
+    drains what the old runtime started. `LaneRouterApp` holds the runtime itself: a coroutine
+    wrapping the route's would add a frame to every resume of the request."""
 
-    async def proxied(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
-        runtime = state.runtime
-        runtime.enter()
-        try:
-            await serve(runtime, route, scope, receive, send)
-        finally:
-            runtime.leave()
-
-    return proxied
+    serve: Callable[[Runtime, R, Message, Receive, Send], Awaitable[None]]
+    route: R
 
 
-def _proxy(api: ApiRoute) -> Handler:
-    return _on_runtime(handle, api)
+Route = Handler | OnRuntime[Any]
 
 
-def _stored(route: StoredRoute) -> Handler:
-    return _on_runtime(handle_stored, route)
-
-
-def _stored_methods(path: bytes) -> dict[str, Handler] | None:
+def _stored_methods(path: bytes) -> dict[str, Route] | None:
     """The handlers of the stored response's route `path` names exactly, if one does."""
     stored = stored_route(path)
-    return None if stored is None else {stored.method: _stored(stored)}
+    return None if stored is None else {stored.method: OnRuntime(handle_stored, stored)}
 
 
-ROUTES: dict[bytes, dict[str, Handler]] = {
+ROUTES: dict[bytes, dict[str, Route]] = {
     b"/health": {"GET": _health, "HEAD": _health},
     b"/ready": {"GET": _ready, "HEAD": _ready},
     b"/metrics": {"GET": _metrics},
     b"/v1/models": {"GET": _models},
     b"/admin/lanes": {"GET": admin.lanes},
     b"/admin/reload": {"POST": admin.reload},
-    **{path: {"POST": _proxy(api)} for path, api in PROXIED.items()},
+    **{path: {"POST": OnRuntime(handle, api)} for path, api in PROXIED.items()},
 }
 
 
@@ -128,7 +119,15 @@ class LaneRouterApp:
                 raise MethodNotAllowed(
                     f"use {' or '.join(methods)} on this route", headers={"allow": ", ".join(methods)}
                 )
-            await handler(self.state, scope, receive, send)
+            if isinstance(handler, OnRuntime):
+                runtime = self.state.runtime
+                runtime.enter()
+                try:
+                    await handler.serve(runtime, handler.route, scope, receive, send)
+                finally:
+                    runtime.leave()
+            else:
+                await handler(self.state, scope, receive, send)
         except ClientGone:
             return
         except RouterError as err:

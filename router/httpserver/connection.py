@@ -39,7 +39,6 @@ class Connection(RequestReader):
     __slots__ = (
         "_active",
         "_ctx",
-        "_draining",
         "_queue",
         "_since",
         "_writable",
@@ -51,7 +50,6 @@ class Connection(RequestReader):
         super().__init__(ctx.config, ctx.date, ctx.scheme, loop)
         self._ctx = ctx
         self._since = 0.0
-        self._draining = False
         self._active: Exchange | None = None  # the request whose response is being made
         self._queue: deque[Exchange] = deque()
         self.write_paused = False
@@ -136,7 +134,9 @@ class Connection(RequestReader):
         # Positional: keywords would cost a dict for every request.
         ex = Exchange(self, scope, keep_alive, expect_continue)
         if self._active is None:
-            self._begin(ex)  # the read that ends in a body re-arms for the body's deadline
+            # `_begin`, without the call; the read that ends in a body re-arms for its deadline.
+            self._active = ex
+            ex.task = asyncio.Task(run_app(self._ctx, ex), loop=self.loop, name=TASK_NAME)
         else:
             self._queue.append(ex)
             self._pause(QUEUED)
@@ -147,11 +147,12 @@ class Connection(RequestReader):
             # A kept-alive connection: the head's clock starts at its first byte, which came
             # with the read being parsed now.
             since = self._since = self._last_read
-            self.arm_by(since + self._config.head_timeout_s)
+            deadline = since + self._config.head_timeout_s
+            if self._timer is None or deadline < self._timer_at:  # else the timer is early enough
+                self.arm_by(deadline)
 
-    def _body_ended(self) -> None:
-        if self._draining:
-            self._close()
+    def _drained(self) -> None:
+        self._close()
 
     def _begin(self, ex: Exchange) -> None:
         self._active = ex
@@ -180,10 +181,12 @@ class Connection(RequestReader):
                 self._resume(QUEUED)
             return
         since = self._since = self.loop.time()
-        if self._phase == WAIT:
-            self.arm_by(since + self._config.keepalive_timeout_s)  # the usual case of `deadline`
-        else:
+        if self._phase != WAIT:
             self.rearm()
+            return
+        deadline = since + self._config.keepalive_timeout_s  # the usual case of `deadline`
+        if self._timer is None or deadline < self._timer_at:  # else the timer is early enough
+            self.arm_by(deadline)
 
     def resume_body(self) -> None:
         self._resume(BODY_HELD)

@@ -118,40 +118,43 @@ class Exchange:
 
     async def receive(self) -> Message:
         while True:
-            if self._chunks:
-                return self._take()
+            chunks = self._chunks
+            if chunks:
+                # Taken here, not in a call: every request with a body comes this way.
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                more = not self._body_done
+                if not more:
+                    self._body_sent = True
+                if self._over:
+                    self._over = False
+                    self._conn.resume_body()
+                return {"type": "http.request", "body": body, "more_body": more}
             if self._body_done and not self._body_sent:
                 self._body_sent = True
                 return {"type": "http.request", "body": b"", "more_body": False}
             if self._gone or (self._body_sent and self.state == DONE):
                 return {"type": "http.disconnect"}
-            if self._continue:
-                self._send_continue()
-            waiter = self._waiter
-            if waiter is None:
-                waiter = self._waiter = self._conn.loop.create_future()
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if self._waiter is waiter:
-                    self._waiter = None
-                # A second receiver shares the future; only this task's own cancellation counts.
-                task = asyncio.current_task()
-                if task is None or task.cancelling():
-                    raise
+            await self._wait()
 
-    def _take(self) -> Message:
-        chunks = self._chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        more = not self._body_done
-        if not more:
-            self._body_sent = True
-        if self._over:
-            self._over = False
-            self._conn.resume_body()
-        return {"type": "http.request", "body": body, "more_body": more}
+    async def _wait(self) -> None:
+        """Until the body moves on or the connection ends; a return after a cancellation that
+        was not this task's own too."""
+        if self._continue:
+            self._send_continue()
+        waiter = self._waiter
+        if waiter is None:
+            waiter = self._waiter = self._conn.loop.create_future()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if self._waiter is waiter:
+                self._waiter = None
+            # A second receiver shares the future; only this task's own cancellation counts.
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
 
     def _send_continue(self) -> None:
         self._continue = False
@@ -202,9 +205,14 @@ class Exchange:
         if self._gone:
             return
         head = self._plan(status, headers)
-        if self._framing == LENGTH and len(body) <= JOIN_LIMIT:
-            # The usual answer, without `_write`'s other framings.
-            self._count(len(body), False)
+        n = len(body)
+        if self._framing == LENGTH and n <= JOIN_LIMIT:
+            # The usual answer, without `_write`'s other framings; a body of the length it
+            # declared needs no other check.
+            if n == self._length:
+                self._length = 0
+            else:
+                self._count(n, False)
             self.transport.write(head + body)
         else:
             self._head = head
@@ -229,16 +237,17 @@ class Exchange:
             raise RuntimeError("http.response.start sent twice")
         scope = self.scope
         conn = self._conn
+        # Positional: every response makes this call.
         head, framing, self._length, keep_alive, self.event_stream = plan_response(
             status,  # raises on an invalid start: nothing sent, the app's error is a 500
             headers,
-            head_request=scope["method"] == "HEAD",
-            http11=scope["http_version"] == "1.1",
+            scope["method"] == "HEAD",
+            scope["http_version"] == "1.1",
             # An unread request body cannot be skipped safely: the connection ends after this.
             # Body bytes the app left in the buffer are unread too (a 413 over a body that
             # arrived whole), and they hold the connection's reading paused.
-            keep_alive=self.keep_alive and self._body_done and not self._chunks and not conn.closing,
-            date=conn.date,
+            self.keep_alive and self._body_done and not self._chunks and not conn.closing,
+            conn.date,
         )
         self.state = STARTED
         self.status = status

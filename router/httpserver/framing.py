@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from router.httpserver.wire import CRLF, DateHeader, status_line
+from router.httpserver.wire import CRLF, STATUS_LINES, DateHeader, status_line
 
 # Body delimitation.
 LENGTH = 0  # the app's content-length
@@ -31,7 +31,6 @@ Plan = tuple[bytes, int, int, bool, bool]
 def plan_response(
     status: int,
     headers: Iterable[tuple[bytes, bytes]],
-    *,
     head_request: bool,
     http11: bool,
     keep_alive: bool,
@@ -42,14 +41,18 @@ def plan_response(
     `connection: close` is honoured."""
     if status < 200:
         raise RuntimeError(f"status {status} cannot start a response (no protocol switch here)")
-    parts = [status_line(status)]
+    # The known lines looked up here, not in a call: every response takes one.
+    line = STATUS_LINES[status] if status in STATUS_LINES else status_line(status)
+    parts = [line]
     length = -1
     event_stream = False
     dated = False
     for name, value in headers:
         if len(name) in _READ_SIZES and (low := name.lower()) in _SERVER_READS:
             if low == b"content-length":
-                length = _content_length(value)
+                if not value.isdigit():
+                    raise RuntimeError(f"invalid content-length {value!r}")
+                length = int(value)
             elif low == b"transfer-encoding":
                 continue
             elif low == b"connection":
@@ -85,12 +88,6 @@ def plan_response(
     if head.count(b"\n") != endings or head.count(b"\r") != endings:
         raise RuntimeError("response header names and values must not contain CR or LF")
     return head, framing, length if framing == LENGTH else -1, keep_alive, event_stream
-
-
-def _content_length(value: bytes) -> int:
-    if not value.isdigit():
-        raise RuntimeError(f"invalid content-length {value!r}")
-    return int(value)
 
 
 def chunk(data: bytes, last: bool) -> bytes:

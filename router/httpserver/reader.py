@@ -49,6 +49,7 @@ class _Refused(Exception):
 class RequestReader(Watched):
     __slots__ = (
         "_config",
+        "_draining",
         "_expect",
         "_head_bytes",
         "_headers",
@@ -98,6 +99,8 @@ class RequestReader(Watched):
         self._served = 0  # request heads read
         self._parsing: Exchange | None = None  # the request whose body is arriving
         self._latest: Exchange | None = None
+        # The request was answered before its body arrived: the rest is read only to be dropped.
+        self._draining = False
         self.closing = False  # end the connection after the response in progress
 
     # -- what the connection does with what was read ---------------------------------------------
@@ -109,7 +112,8 @@ class RequestReader(Watched):
     def _head_started(self) -> None:
         raise NotImplementedError
 
-    def _body_ended(self) -> None:
+    def _drained(self) -> None:
+        """The body being dropped (`_draining`) has ended."""
         raise NotImplementedError
 
     def _refuse(self, answer: bytes | None) -> None:
@@ -237,7 +241,8 @@ class RequestReader(Watched):
         self._parsing = None
         self._phase = WAIT
         ex.end_body()
-        self._body_ended()
+        if self._draining:
+            self._drained()
 
     def _stop(self, status: int, message: str, code: str) -> None:
         self._refusal = client_error(self.date, status, message, code)

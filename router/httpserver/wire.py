@@ -19,7 +19,7 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # one joined write with its framing.
 JOIN_LIMIT = 16 * 1024
 
-_STATUS_LINES = MappingProxyType(
+STATUS_LINES = MappingProxyType(
     {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus}
 )
 
@@ -27,7 +27,7 @@ _STATUS_LINES = MappingProxyType(
 def status_line(status: int) -> bytes:
     # A subscript, not `get`: a mapping proxy's `get` is a method call on the dict behind it.
     try:
-        return _STATUS_LINES[status]
+        return STATUS_LINES[status]
     except KeyError:
         pass
     if not 100 <= status <= 999:
