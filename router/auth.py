@@ -42,10 +42,13 @@ class ApiKey:
     # The rate limits as the limiter takes them, None for a key without any: built once here,
     # read by every request.
     limits: Limits | None = field(init=False, default=None, compare=False)
+    # What the ids of the key's requests to vLLM begin with (router/proxy/intake.py).
+    id_prefix: bytes = field(init=False, default=b"", compare=False)
 
     def __post_init__(self) -> None:
         limits = Limits(self.rpm, self.tpm, self.max_concurrency)
         object.__setattr__(self, "limits", limits if limits.any else None)
+        object.__setattr__(self, "id_prefix", self.name.encode() + b":")
 
     def allow_route(self, scope: RouteScope) -> None:
         if scope not in self.routes:

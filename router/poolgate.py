@@ -49,8 +49,8 @@ class Ticket:
         lane: Lane,
         long: bool,
         affinity: Affinity,
-        tried: frozenset[Backend] = frozenset(),
         pin: Backend | None = None,
+        tried: frozenset[Backend] = frozenset(),
     ) -> None:
         self.lane = lane
         self.long = long

@@ -9,8 +9,8 @@ status waits for its body to begin, so a backend dying in between still gets the
 envelope; a stream starts at once, and a failure after that ends it with an SSE error event.
 When the client falls behind (router.slowclient) the rest of the stream is decoupled: a producer
 drains upstream into a bounded buffer and the relay feeds the client from it. Every counter taken
-here is given back in `finally`, whatever ends the request: success, upstream failure, client
-disconnect."""
+here is given back by `finish`, which the caller (router/proxy/relay.py) runs in its `finally`,
+whatever ends the request: success, upstream failure, client disconnect."""
 
 from __future__ import annotations
 
@@ -127,29 +127,36 @@ class Exchange:
         self.answered = False
 
 
-def upstream_headers(runtime_pool_key: bytes | None, ex: Exchange) -> list[tuple[bytes, bytes]]:
-    headers = [
-        (b"content-type", ex.content_type),
-        (b"accept", ex.accept or b"*/*"),
-        (b"x-request-id", ex.request_id),
-    ]
-    if runtime_pool_key:
-        headers.append((b"authorization", b"Bearer " + runtime_pool_key))
-    headers.extend(ex.trace_headers)
-    return headers
+def upstream_fields(pool_key: bytes | None, ex: Exchange) -> tuple[bytes, int]:
+    """The request's header lines for the backend, written out, and how many there are: its
+    content type, what it accepts, its id, the pool's key, and its trace context."""
+    if pool_key:
+        fields = b"content-type: %s\r\naccept: %s\r\nx-request-id: %s\r\nauthorization: Bearer %s\r\n" % (
+            ex.content_type,
+            ex.accept or b"*/*",
+            ex.request_id,
+            pool_key,
+        )
+        lines = 4
+    else:
+        fields = b"content-type: %s\r\naccept: %s\r\nx-request-id: %s\r\n" % (
+            ex.content_type,
+            ex.accept or b"*/*",
+            ex.request_id,
+        )
+        lines = 3
+    trace = ex.trace_headers
+    if not trace:
+        return fields, lines
+    return fields + b"".join([b"%s: %s\r\n" % field for field in trace]), lines + len(trace)
 
 
-async def forward(runtime: Runtime, ex: Exchange, send: Send) -> None:
-    """Admit, open the upstream response (retrying other backends before the first byte), relay it."""
-    gate = ex.lane.pool.gate
-    response: UpstreamResponse | None = None
-    try:
-        response = await _open(runtime, ex, gate)
-        await _relay(runtime, ex, response, send)
-    finally:
-        gate.finish(ex.ticket)
-        if response is not None:
-            response.release()
+def finish(ex: Exchange, gate: PoolGate, response: UpstreamResponse | None) -> None:
+    """Give back what the exchange holds: its admission at `gate` (the one it was admitted by,
+    though a reload may since have given its lane another pool), and the response's connection."""
+    gate.finish(ex.ticket)
+    if response is not None:
+        response.release()
 
 
 async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
@@ -170,9 +177,11 @@ def _hold_blind_prefill(ex: Exchange, gate: PoolGate) -> None:
         ticket.timer = asyncio.get_running_loop().call_later(hold, gate.end_prefill, ticket)
 
 
-async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamResponse:
+async def open_response(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamResponse:
+    """Admit the request and open its upstream response, retrying other backends before the
+    first byte. Whatever it takes is given back by `finish`."""
     pool = ex.lane.pool
-    headers = upstream_headers(pool.upstream_key, ex)
+    fields, lines = upstream_fields(pool.upstream_key, ex)
     ticket = ex.ticket
     last_error: RouterError | None = None
     metrics = runtime.metrics
@@ -200,7 +209,7 @@ async def _open(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamRespo
             rec.admitted_at = time.monotonic()
         rec.backend = backend.index
         try:
-            response = await backend.upstream.request(ex.method, ex.target, headers, ex.body)
+            response = await backend.upstream.request_fields(ex.method, ex.target, fields, lines, ex.body)
         except UpstreamError as err:
             gate.retry_elsewhere(ticket)
             metrics.upstream_errors.labels(pool.name, backend.name, err.code).inc()
@@ -254,7 +263,7 @@ def _auth_failed(runtime: Runtime, backend: Backend, status: int) -> UpstreamAut
     return UpstreamAuthFailed(f"{backend.label}: the backend refused the router's credentials")
 
 
-async def _relay(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
+async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
     headers, is_sse = client_headers(response.headers, ex.response_headers)
     first = b""
     if not is_sse:

@@ -24,7 +24,7 @@ from router.poolgate import Ticket
 from router.proxy import conversation
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange, ResponseAborted
-from router.proxy.intake import ClientGone, Headers, read_body, request_id, upstream_request_id
+from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.ratelimit import estimate_tokens
 from router.requestfields import check_fields
@@ -104,7 +104,9 @@ async def observed(runtime: Runtime, rec: RequestRecord, work: Coroutine[Any, An
         raise
     finally:
         if rec.ended is None:
-            rec.end(rec.status or 500)
+            # rec.end(rec.status or 500), without the call: most requests end here.
+            rec.status = rec.status or 500
+            rec.ended = time.monotonic()
         observer.finish(rec)
 
 
@@ -162,7 +164,7 @@ async def _handle(
         lane,
         facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
         affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
-        pin=stored.backend if stored is not None else None,
+        stored.backend if stored is not None else None,  # positional: the pin
     )
     if form is not None:
         upstream = audio_upstream_body(body, form, facts, bound)
@@ -177,7 +179,7 @@ async def _handle(
         lane,
         api.target,
         upstream,
-        upstream_request_id(key, rid),
+        key.id_prefix + rid,  # upstream_request_id, without the call
         headers.accept,
         ticket,
         rec.started,

@@ -74,11 +74,32 @@ def build_head(
     if need_length:
         parts += (b"Content-Length: ", b"%d" % body_length, b"\r\n")
     parts.append(b"\r\n")
-    head = b"".join(parts)
-    # One scan instead of one per field: every CR/LF must be one of the line ends we wrote.
-    lines = len(headers) + need_host + need_length + 2
-    # The request line's own two spaces, and no other before its version.
-    spaces = head.count(b" ", 0, len(method) + len(target) + 2)
+    return _checked(b"".join(parts), len(headers) + need_host + need_length + 2, len(method) + len(target))
+
+
+def head_with_fields(
+    method: bytes, target: bytes, fields: bytes, lines: int, body_length: int, host: bytes
+) -> bytes:
+    """`build_head` for header lines already written: `fields` is `lines` lines, each
+    `name: value` and CRLF, none of them Host, Content-Length or Transfer-Encoding. Checked as
+    `build_head` checks its fields, in the same one scan, so the head is the same bytes."""
+    if body_length > 0 or method in _BODY_METHODS:
+        head = b"%s %s HTTP/1.1\r\n%sHost: %s\r\nContent-Length: %d\r\n\r\n" % (
+            method,
+            target,
+            fields,
+            host,
+            body_length,
+        )
+        return _checked(head, lines + 4, len(method) + len(target))
+    head = b"%s %s HTTP/1.1\r\n%sHost: %s\r\n\r\n" % (method, target, fields, host)
+    return _checked(head, lines + 3, len(method) + len(target))
+
+
+def _checked(head: bytes, lines: int, line_start: int) -> bytes:
+    """`head` if its only CR/LF are the ends of its `lines` lines (request line and blank line
+    included) and its request line's first `line_start` + 2 bytes hold exactly its two spaces."""
+    spaces = head.count(b" ", 0, line_start + 2)
     if head.count(b"\n") != lines or head.count(b"\r") != lines or spaces != 2:
         raise ValueError("CR, LF or space inside the request line or a header field")
     return head

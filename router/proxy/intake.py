@@ -17,8 +17,32 @@ class ClientGone(Exception):
 # Each header read, by its place in the scan's list (that of the attribute holding it, the last
 # copy). The first _SINGLE places decide who a request is and where it goes: a second copy is
 # refused, since proxies in front of the router and the router itself could each read a
-# different one. _TRACE keeps every traceparent and tracestate line.
+# different one. _TRACE keeps every traceparent and tracestate line. Headers clients commonly
+# send that the router does not read share _UNREAD, a place no attribute takes: found as they
+# come (servers lower header names), they need no lowering to be passed over.
+_SINGLE = 4
+_TRACE = 8
+_UNREAD = 9
+_UNREAD_NAMES = (
+    b"host",
+    b"user-agent",
+    b"accept-encoding",
+    b"connection",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-real-ip",
+    b"x-stainless-arch",
+    b"x-stainless-async",
+    b"x-stainless-lang",
+    b"x-stainless-os",
+    b"x-stainless-package-version",
+    b"x-stainless-read-timeout",
+    b"x-stainless-retry-count",
+    b"x-stainless-runtime",
+    b"x-stainless-runtime-version",
+)
 _PLACES = {
+    **dict.fromkeys(_UNREAD_NAMES, _UNREAD),
     b"authorization": 0,
     b"x-request-class": 1,
     b"x-client-id": 2,
@@ -27,11 +51,9 @@ _PLACES = {
     b"content-type": 5,
     b"x-request-id": 6,
     b"accept": 7,
-    b"traceparent": 8,
-    b"tracestate": 8,
+    b"traceparent": _TRACE,
+    b"tracestate": _TRACE,
 }
-_SINGLE = 4
-_TRACE = 8
 
 
 class Headers:
@@ -50,22 +72,24 @@ class Headers:
     )
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        found: list[bytes | None] = [None] * _TRACE
+        found: list[bytes | None] = [None] * (_UNREAD + 1)
         trace: list[tuple[bytes, bytes]] | None = None  # traceparent and tracestate lines
         places = _PLACES
         for name, value in raw:
-            n = name.lower()
-            place = places.get(n)
+            place = places.get(name)
             if place is None:
-                continue
+                name = name.lower()
+                place = places.get(name)
+                if place is None:
+                    continue
             if place == _TRACE:
                 if trace is None:
                     trace = []
-                trace.append((n, value))
+                trace.append((name, value))
                 continue
             # Every value is bytes, never None: a place already filled is a second copy.
             if place < _SINGLE and found[place] is not None:
-                raise BadRequest(f"more than one {n.decode()} header", code="duplicate_header")
+                raise BadRequest(f"more than one {name.decode()} header", code="duplicate_header")
             found[place] = value
         (
             self.authorization,
@@ -76,6 +100,8 @@ class Headers:
             self.content_type,
             self.request_id,
             self.accept,
+            _,
+            _,
         ) = found
         self.trace = trace
 
@@ -96,22 +122,28 @@ def request_id(supplied: bytes | None, ids: RequestIds) -> bytes:
 def upstream_request_id(key: ApiKey, rid: bytes) -> bytes:
     """The id vLLM sees, under the key's name: vLLM names the request after it, and two
     tenants choosing the same id must not meet there. Key names cannot contain ':'."""
-    return key.name.encode() + b":" + rid
+    return key.id_prefix + rid
 
 
 async def read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-    parts: list[bytes] = []
+    # Mostly the body comes in one message: it is returned as it came, with no list to join.
+    parts: list[bytes] | None = None
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk = message.get("body", b"")
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        parts.append(chunk)
         if not message.get("more_body"):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            if parts is None:
+                return chunk
+            parts.append(chunk)
+            return b"".join(parts)
+        if parts is None:
+            parts = []
+        parts.append(chunk)

@@ -13,7 +13,8 @@ from router.auth import ApiKey
 from router.errors import RouterError, Unavailable
 from router.metrics import RouteMetrics
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange, forward
+from router.proxy.forward import Exchange, finish, open_response, relay_response
+from router.proxy.upstream import UpstreamResponse
 from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
 from router.runtime import Runtime
 
@@ -48,10 +49,11 @@ def relay(
         return _exchange(runtime, ex, rm, receive, send, None)
     store = runtime.rates
     local = store if isinstance(store, MemoryRateStore) else None
-    charge = _new(Charge, (store, local, key.name, limits, cost if limits.tpm is not None else 0))
-    if charge.local is None:
+    tokens = cost if limits.tpm is not None else 0
+    charge = _new(Charge, (store, local, key.name, limits, tokens))
+    if local is None:
         return _shared(runtime, ex, rm, receive, send, charge)
-    verdict = charge.local.take(charge.key, limits, charge.tokens, time.monotonic())
+    verdict = local.take(key.name, limits, tokens, time.monotonic())
     return _exchange(runtime, ex, rm, receive, send, _admitted(ex, verdict, charge))
 
 
@@ -90,8 +92,12 @@ async def _exchange(
     rm.in_flight.inc()
     status: int | str = "error"
     served = True
+    response: UpstreamResponse | None = None
+    gate = ex.lane.pool.gate
     try:
-        await forward(runtime, ex, send)
+        # Opened and relayed here, not in a coroutine of their own: one frame fewer on every resume.
+        response = await open_response(runtime, ex, gate)
+        await relay_response(runtime, ex, response, send)
         status = ex.status
     except asyncio.CancelledError:
         if not watch.gone:
@@ -104,6 +110,7 @@ async def _exchange(
         served = ex.response_started or not isinstance(err, Unavailable)
         raise
     finally:
+        finish(ex, gate, response)
         watchlist.drop(watch)
         rm.in_flight.dec()
         now = time.monotonic()
@@ -111,9 +118,10 @@ async def _exchange(
         if charge is not None:
             # The tokens the response reported using (None if unknown, or if nothing was served).
             used = parse_usage(tail) if served else None
-            if charge.local is not None:
+            _, local, name, limits, tokens = charge
+            if local is not None:
                 # The in-process store: settled here, without a coroutine.
-                charge.local.release(charge.key, charge.limits, charge.tokens, used, now, served)
+                local.release(name, limits, tokens, used, now, served)
             else:
                 await _settle_shared(charge, used, served, now)
 

@@ -21,7 +21,7 @@ from router.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from router.proxy.http1 import body_is_delimited, build_head, parse_origin
+from router.proxy.http1 import body_is_delimited, build_head, head_with_fields, parse_origin
 from router.proxy.limits import ResponseLimits
 from router.proxy.upstream import PoolStats, UpstreamPool
 from router.proxy.upstream_connection import HIGH_WATER, UpstreamConnection
@@ -82,6 +82,32 @@ def test_build_head_rejects_framing_changes(
 ) -> None:
     with pytest.raises(ValueError):
         build_head(b"POST", target, headers, length, b"h")
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "length"),
+    [
+        (b"POST", b"/v1/chat/completions", [(b"content-type", b"application/json"), (b"accept", b"*/*")], 12),
+        (b"POST", b"/", [], 0),
+        (b"GET", b"/v1/responses/r?stream=true", [(b"x-request-id", b"k:1"), (b"traceparent", b"00-a")], 0),
+        (b"POST", b"/", [(b"x", b"a\r\nevil: 1")], 3),
+        (b"POST", b"/", [(b"x", b"a\nb")], 3),
+        (b"POST", b"/a b", [], 3),
+        (b"GET", b"/ HTTP/1.0\r\n", [], 0),
+    ],
+)
+def test_head_with_fields_is_build_head(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], length: int
+) -> None:
+    """Header lines written by the caller give the same head, refused for the same reasons."""
+    fields = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    try:
+        expected = build_head(method, target, headers, length, b"h:1")
+    except ValueError:
+        with pytest.raises(ValueError):
+            head_with_fields(method, target, fields, len(headers), length, b"h:1")
+        return
+    assert head_with_fields(method, target, fields, len(headers), length, b"h:1") == expected
 
 
 def test_parse_origin() -> None:

@@ -161,7 +161,9 @@ class _Upstream:
     def __init__(self, chunks: list[bytes], sse: bool) -> None:
         self._chunks, self._sse = chunks, sse
 
-    async def request(self, method: bytes, target: bytes, headers: object, body: bytes) -> _Response:
+    async def request_fields(
+        self, method: bytes, target: bytes, fields: bytes, lines: int, body: bytes
+    ) -> _Response:
         return _Response(self._chunks, self._sse)
 
     async def aclose(self) -> None:
