@@ -48,7 +48,7 @@ async def test_malformed_bodies_get_400_and_reach_no_backend(stack: Stack, body:
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["type"] == "invalid_request_error" and err["code"] == code
-    assert stack.forwarded() == 0
+    assert stack.forwarded() == 0, [(s.method, s.path, s.body[:80]) for s in stack.seen()]
 
 
 async def test_a_10_mb_body_gets_413_and_reaches_no_backend(stack: Stack) -> None:
@@ -64,7 +64,7 @@ async def test_a_10_mb_body_gets_413_and_reaches_no_backend(stack: Stack) -> Non
     for resp in (declared, undeclared):
         assert resp.status_code == 413
         assert resp.json()["error"]["code"] == "payload_too_large"
-    assert stack.forwarded() == 0
+    assert stack.forwarded() == 0, [(s.method, s.path, s.body[:80]) for s in stack.seen()]
 
 
 async def _class_of(
