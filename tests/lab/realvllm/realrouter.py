@@ -75,7 +75,12 @@ async def scrape(server: VllmServer, client: httpx.AsyncClient | None = None) ->
     if client is None:
         async with httpx.AsyncClient(timeout=30) as own:
             return await scrape(server, own)
-    resp = await client.get(f"{server.url}/metrics")
+    try:
+        resp = await client.get(f"{server.url}/metrics")
+    except httpx.RemoteProtocolError:
+        # The server closed the kept-alive connection as this scrape went out on it (its idle
+        # timeout): the request never reached it, and once more on a new connection is safe.
+        resp = await client.get(f"{server.url}/metrics")
     resp.raise_for_status()
     return Samples.parse(resp.text)
 
