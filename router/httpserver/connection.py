@@ -134,9 +134,7 @@ class Connection(RequestReader):
         # Positional: keywords would cost a dict for every request.
         ex = Exchange(self, scope, keep_alive, expect_continue)
         if self._active is None:
-            # `_begin`, without the call; the read that ends in a body re-arms for its deadline.
-            self._active = ex
-            ex.task = asyncio.Task(run_app(self._ctx, ex), loop=self.loop, name=TASK_NAME)
+            self._begin(ex)  # the read that ends in a body re-arms for the body's deadline
         else:
             self._queue.append(ex)
             self._pause(QUEUED)
@@ -147,9 +145,7 @@ class Connection(RequestReader):
             # A kept-alive connection: the head's clock starts at its first byte, which came
             # with the read being parsed now.
             since = self._since = self._last_read
-            deadline = since + self._config.head_timeout_s
-            if self._timer is None or deadline < self._timer_at:  # else the timer is early enough
-                self.arm_by(deadline)
+            self.arm_by(since + self._config.head_timeout_s)
 
     def _drained(self) -> None:
         self._close()
@@ -184,9 +180,7 @@ class Connection(RequestReader):
         if self._phase != WAIT:
             self.rearm()
             return
-        deadline = since + self._config.keepalive_timeout_s  # the usual case of `deadline`
-        if self._timer is None or deadline < self._timer_at:  # else the timer is early enough
-            self.arm_by(deadline)
+        self.arm_by(since + self._config.keepalive_timeout_s)  # the usual case of `deadline`
 
     def resume_body(self) -> None:
         self._resume(BODY_HELD)

@@ -130,21 +130,14 @@ class Exchange:
 def upstream_fields(pool_key: bytes | None, ex: Exchange) -> tuple[bytes, int]:
     """The request's header lines for the backend, written out, and how many there are: its
     content type, what it accepts, its id, the pool's key, and its trace context."""
-    if pool_key:
-        fields = b"content-type: %s\r\naccept: %s\r\nx-request-id: %s\r\nauthorization: Bearer %s\r\n" % (
-            ex.content_type,
-            ex.accept or b"*/*",
-            ex.request_id,
-            pool_key,
-        )
-        lines = 4
-    else:
-        fields = b"content-type: %s\r\naccept: %s\r\nx-request-id: %s\r\n" % (
-            ex.content_type,
-            ex.accept or b"*/*",
-            ex.request_id,
-        )
-        lines = 3
+    auth = b"authorization: Bearer %s\r\n" % pool_key if pool_key else b""
+    fields = b"content-type: %s\r\naccept: %s\r\nx-request-id: %s\r\n%s" % (
+        ex.content_type,
+        ex.accept or b"*/*",
+        ex.request_id,
+        auth,
+    )
+    lines = 4 if auth else 3
     trace = ex.trace_headers
     if not trace:
         return fields, lines

@@ -83,17 +83,10 @@ def head_with_fields(
     """`build_head` for header lines already written: `fields` is `lines` lines, each
     `name: value` and CRLF, none of them Host, Content-Length or Transfer-Encoding. Checked as
     `build_head` checks its fields, in the same one scan, so the head is the same bytes."""
-    if body_length > 0 or method in _BODY_METHODS:
-        head = b"%s %s HTTP/1.1\r\n%sHost: %s\r\nContent-Length: %d\r\n\r\n" % (
-            method,
-            target,
-            fields,
-            host,
-            body_length,
-        )
-        return _checked(head, lines + 4, len(method) + len(target))
-    head = b"%s %s HTTP/1.1\r\n%sHost: %s\r\n\r\n" % (method, target, fields, host)
-    return _checked(head, lines + 3, len(method) + len(target))
+    sized = body_length > 0 or method in _BODY_METHODS
+    length = b"Content-Length: %d\r\n" % body_length if sized else b""
+    head = b"%s %s HTTP/1.1\r\n%sHost: %s\r\n%s\r\n" % (method, target, fields, host, length)
+    return _checked(head, lines + 3 + sized, len(method) + len(target))
 
 
 def _checked(head: bytes, lines: int, line_start: int) -> bytes:
