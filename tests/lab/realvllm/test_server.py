@@ -90,6 +90,15 @@ def test_healthy_then_stop_kills_whole_group(started: VllmServer, tmp_path: Path
     assert started.stop() is not None  # repeating is harmless
 
 
+@pytest.mark.parametrize("started", ["ok"], indirect=True)
+def test_server_leads_its_group_inside_our_session(started: VllmServer) -> None:
+    # A session of its own would give the engine a scheduling group of its own (see the module).
+    pid = started.pid
+    assert pid is not None
+    assert os.getpgid(pid) == pid
+    assert os.getsid(pid) == os.getsid(0)
+
+
 @pytest.mark.parametrize("started", ["crash"], indirect=True)
 def test_exit_before_healthy_raises_with_log_tail(started: VllmServer) -> None:
     with pytest.raises(VllmStartError, match="exited with code 3") as info:
