@@ -26,7 +26,21 @@ Outcome = str | UpstreamError
 
 
 class Splice:
-    __slots__ = ("_lagging", "_next_check", "_record", "_response", "_write", "_writer", "outcome", "pending")
+    """The sink of one response body. A read's common case (recorded, then written unless the
+    lag sample is due) is run by the connection's read callback itself, with `record`, `sample_at`
+    and `write` (router/proxy/upstream_connection.py): one Python call fewer per read. `sample`
+    and `filled` are the rest of `relay`, for the reads that need them."""
+
+    __slots__ = (
+        "_lagging",
+        "_response",
+        "_writer",
+        "outcome",
+        "pending",
+        "record",
+        "sample_at",
+        "write",
+    )
 
     def __init__(
         self,
@@ -35,36 +49,47 @@ class Splice:
         response: UpstreamResponse,
         lagging: Callable[[], bool],
     ) -> None:
-        self._record = seen.record
+        self.record: Callable[[bytes], float] = seen.record
         self._writer = writer
-        self._write = writer.write_body
+        self.write: Callable[[bytes, bool], bool] = writer.write_body
         self._response = response
         self._lagging = lagging
-        self._next_check = time.monotonic() + LAG_CHECK_S
+        self.sample_at = time.monotonic() + LAG_CHECK_S
         self.pending = b""  # a chunk read but not written, when the splice ended on a lagging client
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
 
     def relay(self, data: bytes, last: bool) -> bool:
         if data:
-            now = self._record(data)
-            if now >= self._next_check and not last:
-                self._next_check = now + LAG_CHECK_S
-                if self._lagging():
-                    self.pending = data
-                    self._settle(LAGGING)
-                    return False
-        if self._write(data, last):
-            # The client's socket is full. A client far behind is decoupled now; one that only
-            # paused is waited for, with upstream reads stopped until it drains.
-            if self._lagging():
-                self._settle(LAGGING)
-            else:
-                self._next_check = 0.0
-                self._writer.when_writable(self._response.resume)
-            return False
+            now = self.record(data)
+            if now >= self.sample_at and not last:
+                return self.sample(data, now)
+        if self.write(data, last):
+            return self.filled()
         if last:
             self._settle(DONE)
         return True
+
+    def sample(self, data: bytes, now: float) -> bool:
+        """A read, not the body's last, recorded at `now` once the client's lag was due to be
+        sampled: a lagging client ends the splice before the read is written."""
+        self.sample_at = now + LAG_CHECK_S
+        if self._lagging():
+            self.pending = data
+            self._settle(LAGGING)
+            return False
+        if self.write(data, False):
+            return self.filled()
+        return True
+
+    def filled(self) -> bool:
+        """The client's socket is full: False, reading stops. A client far behind is decoupled
+        now; one that only paused is waited for, with upstream reads stopped until it drains."""
+        if self._lagging():
+            self._settle(LAGGING)
+        else:
+            self.sample_at = 0.0
+            self._writer.when_writable(self._response.resume)
+        return False
 
     def failed(self, exc: UpstreamError) -> None:
         self._settle(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from router.errors import UpstreamError
@@ -29,11 +30,26 @@ DONE = 3  # the whole response arrived (the consumer may still be draining the b
 
 
 class BodySink(Protocol):
-    """Takes a response body as it is read (router/proxy/splice.py)."""
+    """Takes a response body as it is read (router/proxy/splice.py). A read that is not the
+    body's last may go to `record`, then — unless the time it returns is past `sample_at`, when
+    `sample` takes it instead — to `write`, and to `filled` if that said the sink is full: the
+    read callback runs them itself, a Python call fewer per read than through `relay`."""
+
+    record: Callable[[bytes], float]
+    write: Callable[[bytes, bool], bool]
+    sample_at: float
 
     def relay(self, data: bytes, last: bool) -> bool:
         """One read's body bytes (`last`: the body ended with them); False to stop reading
         until the sink calls `UpstreamConnection.resume_sink`."""
+        ...
+
+    def sample(self, data: bytes, now: float) -> bool:
+        """`relay` of a read `record` timed at `now`, past `sample_at`, and not the last."""
+        ...
+
+    def filled(self) -> bool:
+        """After `write` said the sink is full: False, reading stops until it resumes."""
         ...
 
     def failed(self, exc: UpstreamError) -> None:
@@ -53,6 +69,7 @@ class UpstreamBody(asyncio.Protocol):
         "_limits",
         "_loop",
         "_paused",
+        "_pieces",
         "_sink",
         "_state",
         "_timer",
@@ -79,6 +96,7 @@ class UpstreamBody(asyncio.Protocol):
         self._keep_alive = False
         self._body: deque[bytes] = deque()
         self._buffered = 0
+        self._pieces: list[bytes] = []  # body pieces the parser produced, not yet in `_body`
 
     @property
     def usable(self) -> bool:
@@ -201,6 +219,30 @@ class UpstreamBody(asyncio.Protocol):
             self._sink = None
         if not sink.relay(chunk, last) and not last:
             self._sink_full()
+
+    def _collect(self) -> None:
+        """Take the body pieces the parser appended since the last call, all of them in the
+        state the exchange was in meanwhile: a body being received keeps them; any other
+        (after a HEAD response, an unasked-for response) drops them, and the connection."""
+        pieces = self._pieces
+        if self._state != BODY:
+            if pieces:
+                self._keep_alive = False
+                pieces.clear()
+            return
+        body = self._body
+        size = 0
+        for piece in pieces:
+            if piece:  # b"" would mean the end of the body to the consumer
+                body.append(piece)
+                size += len(piece)
+        pieces.clear()
+        if size:
+            buffered = self._buffered = self._buffered + size
+            if buffered > HIGH_WATER and not self._paused and self._transport is not None:
+                self._paused = True
+                self._transport.pause_reading()
+            self._wake()
 
     def _sink_full(self) -> None:
         """The sink asked to stop: reading pauses until it calls `resume_sink`."""

@@ -23,15 +23,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
-from router.proxy.upstream_body import (
-    BODY,
-    HEADERS,
-    HIGH_WATER,
-    IDLE,
-    LOW_WATER,
-    BodySink,
-    UpstreamBody,
-)
+from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, BodySink, UpstreamBody
 
 __all__ = ["HIGH_WATER", "LOW_WATER", "BodySink", "UpstreamConnection"]
 
@@ -50,6 +42,7 @@ class UpstreamConnection(UpstreamBody):
         "got_bytes",
         "headers",
         "in_pool",
+        "on_body",
         "status",
     )
 
@@ -63,6 +56,9 @@ class UpstreamConnection(UpstreamBody):
         super().__init__(loop, limits, DeadlineTimer(loop, self._on_timer))
         self._label = label  # names the backend in error messages, which clients may see
         self._on_closed = on_closed
+        # The parser's body callback is a bare list append: no Python call per body piece. The
+        # pieces are taken after each feed and at each message boundary (`_collect`).
+        self.on_body = self._pieces.append
         self._parser = HttpResponseParser(self)
         self._new_parser_needed = False
         self.in_pool = False
@@ -126,30 +122,31 @@ class UpstreamConnection(UpstreamBody):
     def data_received(self, data: bytes) -> None:
         state = self._state
         if state == BODY:
-            # A stream's every read comes here: the parser is fed inline (not through `_feed`),
-            # and its body goes to the sink at once.
+            # A stream's every read comes here: the parser is fed inline (not through `_feed`).
             self._last_read = self._loop.time()
             before = self._buffered
             try:
                 self._parser.feed_data(data)
             except (HttpParserError, HttpParserUpgrade) as exc:
+                self._collect()
                 self._parse_failed(exc)
-            if self._buffered == before and self._state == BODY:
-                self._framing_received(len(data))
-                return
-            self._framing_bytes = 0
-            sink = self._sink
-            if sink is None:
-                return
-            body = self._body
-            if len(body) == 1 and self._state == BODY and self._exc is None:
-                # A paced stream's read: one piece, and the body goes on. Handed over here,
-                # without `_deliver`'s joining and end-of-body checks.
-                self._buffered = 0
-                if not sink.relay(body.popleft(), False):
-                    self._sink_full()
-            else:
-                self._deliver()
+            pieces = self._pieces
+            if len(pieces) == 1 and self._state == BODY and self._exc is None and not self._body:
+                # A paced stream's read: one piece, and the body goes on. Handed to the sink
+                # here, without passing through the buffer, and its `relay` run inline.
+                sink = self._sink
+                if sink is not None and pieces[0]:
+                    self._framing_bytes = 0
+                    piece = pieces.pop()
+                    now = sink.record(piece)
+                    if now >= sink.sample_at:
+                        if not sink.sample(piece, now):
+                            self._sink_full()
+                    elif sink.write(piece, False):
+                        sink.filled()
+                        self._sink_full()
+                    return
+            self._body_read(before, len(data))
         elif state == HEADERS:
             self._head_received(data)
         else:
@@ -157,6 +154,17 @@ class UpstreamConnection(UpstreamBody):
             self._keep_alive = False
             if state == IDLE:
                 self.abort()
+
+    def _body_read(self, before: int, size: int) -> None:
+        """A read inside the body, but not a paced stream's: `before` was buffered before it."""
+        if self._pieces:
+            self._collect()
+        if self._buffered == before and self._state == BODY:
+            self._framing_received(size)
+            return
+        self._framing_bytes = 0
+        if self._sink is not None:
+            self._deliver()
 
     def _head_received(self, data: bytes) -> None:
         """Feed bytes that begin inside the head; no more than `max_head_bytes` of a head reach
@@ -172,7 +180,10 @@ class UpstreamConnection(UpstreamBody):
             try:  # `_feed`, inline: nearly every head and body arrive in this one read
                 self._parser.feed_data(data)
             except (HttpParserError, HttpParserUpgrade) as exc:
+                self._collect()
                 self._parse_failed(exc)
+            if self._pieces:
+                self._collect()
         else:
             view = memoryview(data)
             self._head_bytes = limits.max_head_bytes
@@ -191,17 +202,18 @@ class UpstreamConnection(UpstreamBody):
         """Bytes after the head that carried no body: chunk sizes, extensions and trailers. The
         parser keeps a trailer field whole until it ends, so they are bounded like a head."""
         self._framing_bytes += size
-        if self._framing_bytes > self._limits.max_head_bytes:
-            limit = self._limits.max_head_bytes
-            self._fail(
-                UpstreamProtocolError(f"{self._label}: over {limit} bytes of chunk framing or trailers")
-            )
+        limit = self._limits.max_head_bytes
+        if self._framing_bytes > limit:
+            msg = f"{self._label}: over {limit} bytes of chunk framing or trailers"
+            self._fail(UpstreamProtocolError(msg))
 
     def _feed(self, data: bytes | memoryview) -> None:
         try:
             self._parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade) as exc:
+            self._collect()
             self._parse_failed(exc)
+        self._collect()
 
     def _parse_failed(self, exc: HttpParserError | HttpParserUpgrade) -> None:
         if isinstance(exc, HttpParserUpgrade):
@@ -251,6 +263,8 @@ class UpstreamConnection(UpstreamBody):
             raise err  # stops the parser
 
     def on_headers_complete(self) -> None:
+        if self._pieces:  # the body of a response before this one, in the same read
+            self._collect()
         if self._state != HEADERS:  # a second response nobody asked for
             self._keep_alive = False
             return
@@ -272,22 +286,9 @@ class UpstreamConnection(UpstreamBody):
             self._timer.arm_by(now + self._limits.read_timeout)  # IN_BODY's deadline
             self._wake()
 
-    def on_body(self, body: bytes) -> None:
-        if self._state != BODY:  # a body after a HEAD response, or of an unasked-for response
-            self._keep_alive = False
-            return
-        if not body:  # b"" means the end of the body to the consumer
-            return
-        self._body.append(body)
-        buffered = self._buffered = self._buffered + len(body)
-        if buffered > HIGH_WATER and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def on_message_complete(self) -> None:
+        if self._pieces:
+            self._collect()
         if self._interim:
             self._interim = False
             return
