@@ -17,9 +17,9 @@ from router.apiroutes import PROXIED, stored_route
 from router.asgi import Message, Receive, Send, send_bytes, send_json
 from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
 from router.metrics import CONTENT_TYPE
-from router.proxy.forward import ResponseAborted
 from router.proxy.handler import handle
 from router.proxy.intake import ClientGone, Headers
+from router.proxy.respond import ResponseAborted
 from router.proxy.stored import handle_stored
 from router.runtime import Runtime
 from router.state import RouterState

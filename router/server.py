@@ -28,7 +28,7 @@ from router.errors import Unavailable, error_event
 from router.health import HealthChecker
 from router.metrics import Metrics
 from router.observer import Observer, build_observer
-from router.proxy.forward import ResponseAborted
+from router.proxy.respond import ResponseAborted
 from router.runtime import build_runtime
 from router.scrape import LoadScraper
 from router.settings import Settings

@@ -1,5 +1,5 @@
 """What the router takes from each upstream chunk, however the body is relayed (router/proxy/
-forward.py, router/proxy/splice.py): the first byte ends the request's prefill at the gate,
+respond.py, router/proxy/splice.py): the first byte ends the request's prefill at the gate,
 later ones time a stream's token gaps, and the tail keeps the usage report."""
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Sending one admitted request to a backend of its lane's pool and relaying the answer.
+"""Sending one admitted request to a backend of its lane's pool, up to the response's head
+(router/proxy/respond.py relays the rest).
 
-Admission (router.poolgate) hands out the backend; the request holds its ticket until it ends. The
-relay writes every upstream read to the client as it arrives (bytes as received, never
-re-encoded), under the headers `client_headers` lets through. A backend may be swapped for
-another only while it provably has not started the request (`UpstreamError.retryable`, or vLLM's
-503 from its queue limit): a request once written is never sent again. A non-streamed response's
-status waits for its body to begin, so a backend dying in between still gets the client an error
-envelope; a stream starts at once, and a failure after that ends it with an SSE error event.
-When the client falls behind (router.slowclient) the rest of the stream is decoupled: a producer
-drains upstream into a bounded buffer and the relay feeds the client from it. Every counter taken
-here is given back by `finish`, which the caller (router/proxy/relay.py) runs in its `finally`,
-whatever ends the request: success, upstream failure, client disconnect."""
+Admission (router.poolgate) hands out the backend; the request holds its ticket until it ends. A
+backend may be swapped for another only while it provably has not started the request
+(`UpstreamError.retryable`, or vLLM's 503 from its queue limit): a request once written is never
+sent again. Every counter taken here is given back by `finish`, which the caller
+(router/proxy/relay.py) runs in its `finally`, whatever ends the request: success, upstream
+failure, client disconnect."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from router import health
-from router.asgi import BodyWriter, Send
+from router.asgi import BodyWriter
 from router.errors import (
     RouterError,
     Unavailable,
@@ -28,16 +24,12 @@ from router.errors import (
     UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
-    error_event,
 )
 from router.poolgate import PoolGate, Ticket
-from router.proxy.chunklog import ChunkLog, UsageTail
-from router.proxy.response_headers import client_headers
-from router.proxy.splice import DONE, LAGGING, Splice
-from router.proxy.upstream import UpstreamResponse
+from router.proxy.chunklog import UsageTail
+from router.proxy.upstream_response import UpstreamResponse
 from router.requestrecord import RequestRecord
 from router.runtime import Backend, Lane, Runtime
-from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 
 log = logging.getLogger("lane_router.forward")
 
@@ -254,175 +246,3 @@ def _auth_failed(runtime: Runtime, backend: Backend, status: int) -> UpstreamAut
             AUTH_WARNING_EVERY_S,
         )
     return UpstreamAuthFailed(f"{backend.label}: the backend refused the router's credentials")
-
-
-async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
-    headers, is_sse = client_headers(response.headers, ex.response_headers)
-    first = b""
-    if not is_sse:
-        # A status once sent cannot be taken back: wait until the body begins, so a backend
-        # that fails in between still gets the client an error envelope, not a 200 cut short.
-        writer = ex.writer
-        if writer is None or ex.lane.settings.decouple:
-            await response.wait_body()
-        else:
-            # Mostly the whole body is here by now: it goes out with the head, in one write.
-            ready = response.take_ready()
-            if ready is None:
-                await response.wait_body()
-                ready = response.take_ready()
-            first = ready or b""
-            if response.at_end:
-                _answer_whole(ex, response.status, headers, first, writer)
-                return
-    ex.status = response.status
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    ex.response_started = True
-    seen = ChunkLog(ex, is_sse)
-    if ex.lane.settings.decouple:
-        await _relay_decoupled(runtime, response, send, seen)
-    elif ex.writer is not None and is_sse:
-        # A stream's reads go out from the read callback; a whole body is mostly in hand by
-        # now, so the task writes it itself, which costs less than setting up a splice.
-        await _relay_spliced(runtime, response, send, seen, ex.writer)
-    else:
-        await _relay_direct(runtime, response, send, seen, first)
-
-
-def _answer_whole(
-    ex: Exchange, status: int, headers: list[tuple[bytes, bytes]], body: bytes, writer: BodyWriter
-) -> None:
-    """The response in one piece: the head and the whole body, written together."""
-    ex.status = status
-    writer.respond(status, headers, body)
-    ex.response_started = True
-    if body:
-        ChunkLog(ex, False).record(body)
-    ex.answered = True
-
-
-async def _relay_spliced(
-    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, writer: BodyWriter
-) -> None:
-    """The body from the upstream read callback to the client's socket (router/proxy/splice.py);
-    this task wakes only when it ends."""
-    splice = Splice(seen, writer, response, lambda: _lagging(runtime, response, send))
-    response.attach(splice)
-    try:
-        outcome = await splice.outcome
-    finally:
-        response.detach()
-    if outcome == DONE:
-        if seen.is_sse and _lagging(runtime, response, send):
-            # The whole answer fit in the socket buffers, but the client is far behind it.
-            _mark_slow(runtime, seen.ex)
-    elif outcome == LAGGING:
-        _mark_slow(runtime, seen.ex)
-        await _relay_decoupled(runtime, response, send, seen, splice.pending)
-    else:
-        assert isinstance(outcome, UpstreamError)
-        await _end_with_error(outcome, seen.is_sse, send)
-
-
-async def _relay_direct(
-    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, first: bytes = b""
-) -> None:
-    """`first`: the body's beginning, already taken from the response."""
-    # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
-    # socket makes the next sample due at once.
-    next_check = time.monotonic() + LAG_CHECK_S
-    more = True
-    record = seen.record
-    if first:
-        record(first)
-        await send({"type": "http.response.body", "body": first, "more_body": True})
-    try:
-        async for chunk in response:
-            now = record(chunk)
-            if now >= next_check:
-                next_check = now + LAG_CHECK_S
-                if _lagging(runtime, response, send):
-                    _mark_slow(runtime, seen.ex)
-                    await _relay_decoupled(runtime, response, send, seen, chunk)
-                    return
-            more = not response.at_end
-            await send({"type": "http.response.body", "body": chunk, "more_body": more})
-            if not more:
-                seen.ex.answered = True
-    except UpstreamError as err:
-        await _end_with_error(err, seen.is_sse, send)
-        return
-    if more:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        seen.ex.answered = True
-    elif seen.is_sse and _lagging(runtime, response, send):
-        # The whole answer fit in the socket buffers, but the client is far behind it.
-        _mark_slow(runtime, seen.ex)
-
-
-def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send) -> bool:
-    """Bytes not yet delivered to the client: still upstream-side, and already written but
-    unacknowledged."""
-    probe = unsent_probe(send)
-    return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))
-
-
-async def _end_with_error(err: UpstreamError, is_sse: bool, send: Send) -> None:
-    if not is_sse:
-        # A JSON body cut short cannot be mended; dropping the connection tells the client.
-        raise ResponseAborted(str(err)) from err
-    await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
-
-
-def _mark_slow(runtime: Runtime, ex: Exchange) -> None:
-    key_name, client_id, address = ex.client
-    runtime.slow_clients.mark(client_identity(key_name, client_id, address), time.monotonic())
-    runtime.metrics.slow_clients.labels(ex.lane.name).inc()
-
-
-async def _relay_decoupled(
-    runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, pending: bytes = b""
-) -> None:
-    """Feed the client from a buffer that a producer task fills from upstream at the backend's
-    pace; the producer waits only when the buffer caps are reached. `pending` is a chunk already
-    seen and not yet sent."""
-    buffer = StreamBuffer(runtime.buffers, runtime.config.slow_clients.max_stream_buffer_bytes)
-    if pending:
-        await buffer.put(pending)
-    producer = asyncio.ensure_future(_pump(response, buffer, seen))
-    try:
-        while (data := await buffer.get()) is not None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        error = buffer.error
-        if isinstance(error, UpstreamError):
-            await _end_with_error(error, seen.is_sse, send)
-            return
-        if error is not None:
-            raise error
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        seen.ex.answered = True
-    finally:
-        producer.cancel()
-        await asyncio.gather(producer, return_exceptions=True)
-        buffer.release()
-
-
-async def _pump(response: UpstreamResponse, buffer: StreamBuffer, seen: ChunkLog) -> None:
-    record = seen.record
-    try:
-        async for chunk in response:
-            record(chunk)
-            await buffer.put(chunk)
-    except UpstreamError as err:
-        buffer.end(err)
-        return
-    except BaseException as err:
-        buffer.end(err)
-        raise
-    seen.backend_done()
-    buffer.end()
-
-
-class ResponseAborted(Exception):
-    """The response had started when the backend failed and cannot be ended cleanly: the
-    server must drop the client connection (the only signal left for a cut-short body)."""

@@ -23,9 +23,10 @@ from router.multipart import Form
 from router.poolgate import Ticket
 from router.proxy import conversation
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange, ResponseAborted
+from router.proxy.forward import Exchange
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
+from router.proxy.respond import ResponseAborted
 from router.ratelimit import estimate_tokens
 from router.requestfields import check_fields
 from router.requestrecord import RequestRecord

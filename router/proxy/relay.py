@@ -13,8 +13,9 @@ from router.auth import ApiKey
 from router.errors import RouterError, Unavailable
 from router.metrics import RouteMetrics
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange, finish, open_response, relay_response
-from router.proxy.upstream import UpstreamResponse
+from router.proxy.forward import Exchange, finish, open_response
+from router.proxy.respond import relay_response
+from router.proxy.upstream_response import UpstreamResponse
 from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
 from router.runtime import Runtime
 

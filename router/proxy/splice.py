@@ -6,7 +6,7 @@ when the body ends, fails, or its client falls behind.
 Flow control runs both ways without the task: a write that fills the client's transport stops
 upstream reading until the transport drains. The client's lag is sampled every LAG_CHECK_S and
 whenever its socket fills; a lagging client ends the splice, and the caller relays the rest
-through a buffer (router/proxy/forward.py `_relay_decoupled`), starting with `pending`."""
+through a buffer (router/proxy/respond.py `_relay_decoupled`), starting with `pending`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from router.asgi import BodyWriter
 from router.errors import UpstreamError
 from router.proxy.chunklog import ChunkLog
-from router.proxy.upstream import UpstreamResponse
+from router.proxy.upstream_response import UpstreamResponse
 from router.slowclient import LAG_CHECK_S
 
 DONE = "done"

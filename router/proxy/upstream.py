@@ -35,7 +35,8 @@ from typing import Any
 from router.errors import UpstreamConnectError
 from router.proxy.http1 import build_head, head_with_fields, parse_origin
 from router.proxy.limits import ResponseLimits
-from router.proxy.upstream_connection import BodySink, UpstreamConnection
+from router.proxy.upstream_connection import UpstreamConnection
+from router.proxy.upstream_response import UpstreamResponse
 from router.tls.upstream import handshake_failure
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
@@ -166,7 +167,7 @@ class UpstreamPool:
             conn.send(head, body, head_request=head_request)
             await conn.wait_headers()
         except BaseException:
-            self._release(conn)
+            self.give_back(conn)
             raise
         return UpstreamResponse(self, conn)
 
@@ -271,7 +272,7 @@ class UpstreamPool:
 
     # -- returning and expiring ------------------------------------------------------------
 
-    def _release(self, conn: UpstreamConnection) -> None:
+    def give_back(self, conn: UpstreamConnection) -> None:
         """Take back a leased connection: park it if reusable, otherwise close it at once."""
         self._leased.discard(conn)
         loop = self._loop
@@ -333,133 +334,3 @@ def _reason(exc: OSError) -> str:
     if isinstance(exc, socket.gaierror):
         return "name resolution failed"
     return os.strerror(exc.errno).lower() if exc.errno and exc.errno > 0 else "connection failed"
-
-
-class UpstreamResponse:
-    """Status and headers of an upstream response; its body is read by iterating or `read()`.
-
-    One consumer at a time. Once the body was iterated to its end the connection goes back to
-    the pool by itself; `aclose()` is still required on every other path.
-    """
-
-    __slots__ = ("_conn", "_pool", "headers", "status")
-
-    def __init__(self, pool: UpstreamPool, conn: UpstreamConnection) -> None:
-        self._pool = pool
-        self._conn: UpstreamConnection | None = conn
-        self.status: int = conn.status
-        self.headers: list[tuple[bytes, bytes]] = conn.headers  # as received, trailers dropped
-
-    @property
-    def at_end(self) -> bool:
-        """Nothing more will come: the chunk just taken was the body's last (lets a relay mark
-        its final write as final instead of sending an empty one after it)."""
-        conn = self._conn
-        return conn is None or conn.drained
-
-    @property
-    def buffered(self) -> int:
-        """Body bytes received from the backend but not yet consumed (how far the reader lags)."""
-        conn = self._conn
-        return 0 if conn is None else conn.buffered
-
-    async def wait_body(self) -> None:
-        """Until the body has begun to arrive or has ended (an empty body): a failure before
-        that is raised here, while the caller has not yet answered its own client."""
-        conn = self._conn
-        if conn is None:
-            return
-        try:
-            await conn.wait_body()
-        except BaseException:
-            self._release()
-            raise
-
-    def attach(self, sink: BodySink) -> None:
-        """Hand the body to `sink` as it is read (router/proxy/splice.py) instead of iterating."""
-        conn = self._conn
-        if conn is not None:
-            conn.attach(sink)
-
-    def detach(self) -> None:
-        conn = self._conn
-        if conn is not None:
-            conn.detach()
-
-    def resume(self) -> None:
-        """Read again after the attached sink asked to stop."""
-        conn = self._conn
-        if conn is not None:
-            conn.resume_sink()
-
-    def take_ready(self) -> bytes | None:
-        """The body bytes already received, without waiting: b"" at the end of the body, None
-        when none are here yet. `at_end` then tells whether they were the last."""
-        conn = self._conn
-        if conn is None:
-            return b""
-        try:
-            return conn.take()
-        except BaseException:
-            self._release()
-            raise
-
-    def __aiter__(self) -> UpstreamResponse:
-        return self
-
-    def chunks(self) -> UpstreamResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        conn = self._conn
-        if conn is None:
-            raise StopAsyncIteration
-        try:
-            chunk = conn.take()
-            if chunk is None:
-                chunk = await conn.next_chunk()
-        except BaseException:
-            self._release()
-            raise
-        if chunk:
-            return chunk
-        self._release()
-        raise StopAsyncIteration
-
-    async def read(self) -> bytes:
-        """The whole body."""
-        conn = self._conn
-        if conn is None:
-            return b""
-        parts = []
-        try:
-            while chunk := conn.take() or await conn.next_chunk():
-                parts.append(chunk)
-        finally:
-            self._release()
-        return b"".join(parts)
-
-    async def aclose(self) -> None:
-        """Return the connection if the body was fully read and keep-alive allowed; else close it now."""
-        self._release()
-
-    async def __aenter__(self) -> UpstreamResponse:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._release()
-
-    def release(self) -> None:
-        """`aclose` without awaiting."""
-        conn = self._conn
-        if conn is not None:
-            self._conn = None
-            conn.detach()
-            self._pool._release(conn)
-
-    _release = release

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from router.httpserver import HEAD_TIMEOUT_MAX_S, ServerConfig
-from router.proxy.forward import ResponseAborted
+from router.proxy.respond import ResponseAborted
 from router.server import server_config
 from router.settings import Settings
 
