@@ -32,8 +32,9 @@ NOTICE_LIMIT_S = 60.0
 # says nothing of the router, whose part every attempt checks; it is repeated.
 ATTEMPTS = 6
 # Reading the router's counters takes this process about 10 ms; a read that took this long means
-# the process (the router runs in it) was kept from the CPU meanwhile, here by the server's own
-# processes decoding on both cores, so whatever the router noticed late says nothing of it.
+# the process (the router runs in it) was kept from the CPU meanwhile, so whatever the router
+# noticed late says nothing of it. The servers' own scheduling did that once (they now stay in
+# this session, router/lab/realvllm/server.py); other load on a shared host still can.
 STALL_S = 1.0
 
 
