@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from router import __version__
+from router import BUILD, __version__
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,9 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         prog="lane-router",
         description="Class-aware routing reverse proxy for vLLM pools, and the lab that proves a profile.",
     )
-    parser.add_argument("--version", action="version", version=f"lane-router {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"lane-router {__version__}, request path {BUILD.describe()}"
+    )
     _add(parser, COMMANDS, _words(argv), dest="command")
     return parser
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from router.admission import PrefillLimits, choose_backend, lane_has_room
 from router.balance import Affinity
 from router.errors import Unavailable
@@ -70,6 +72,9 @@ class _Waiter:
     counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
 
 
+# Subclassed by the gate that counts in Redis (router/slots/gate.py), which is not compiled
+# (docs/compiled.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PoolGate:
     """`limits` are the pool's; the gate enforces `share`'s part of them (and of its lanes'
     `max_in_flight`), which are the limits themselves for a process alone."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import uvloop
 
-from router import httpserver
+from router import BUILD, httpserver
 from router.app import LaneRouterApp
 from router.config.checks import budget_warnings
 from router.config.load import load_profile
@@ -159,6 +159,10 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     """`lane-router serve`: the app for `cfg` (else the profile file of `settings`), served until
     SIGINT or SIGTERM — by this process, or by `settings.workers` workers it supervises. With
     TLS settings the files are checked first; each worker loads (and reloads) them itself."""
+    if not settings.is_worker:
+        # Compiled modules bypassed cost CPU per request (docs/compiled.md): an operator should see it.
+        report = log.warning if BUILD.mode == "sources" else log.info
+        report("request path %s", BUILD.describe())
     tls = serving_tls(settings)
     if settings.workers > 1 and not settings.is_worker:
         if settings.config is None:

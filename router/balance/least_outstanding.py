@@ -32,4 +32,4 @@ def _build(settings: LeastOutstandingSettings, hooks: BalanceHooks) -> LeastOuts
     return LeastOutstanding()
 
 
-STRATEGY = Strategy(LeastOutstandingSettings, _build)
+STRATEGY: Strategy[LeastOutstandingSettings] = Strategy(LeastOutstandingSettings, _build)

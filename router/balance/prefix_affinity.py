@@ -166,4 +166,4 @@ def _build(settings: PrefixAffinitySettings, hooks: BalanceHooks) -> PrefixAffin
     return PrefixAffinity(settings.slack, on_hit=hooks.on_affinity_hit)
 
 
-STRATEGY = Strategy(PrefixAffinitySettings, _build, affinity=affinity_key)
+STRATEGY: Strategy[PrefixAffinitySettings] = Strategy(PrefixAffinitySettings, _build, affinity=affinity_key)

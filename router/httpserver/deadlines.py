@@ -11,9 +11,13 @@ import asyncio
 import math
 from collections.abc import Callable
 
+from mypy_extensions import mypyc_attr
+
 INF = math.inf
 
 
+# The base of the server's connections, and of the tests' probes of its timer (docs/compiled.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Watched(asyncio.Protocol):
     __slots__ = ("_timer", "_timer_at", "loop")
 

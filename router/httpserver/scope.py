@@ -21,7 +21,9 @@ def split_target(target: bytes) -> tuple[str, bytes, bytes]:
             else:
                 raw_path = raw_path.partition(b"#")[0]
     elif target.find(b"://") >= 0:  # absolute form: scheme://authority/path?query
-        url = parse_url(target)
+        # Any: httptools' stub types the parts `bytes`, but a target without them gives None,
+        # and compiled (docs/compiled.md) a value typed `bytes` is checked as it is read.
+        url: Any = parse_url(target)
         raw_path, query = url.path or b"/", url.query or b""
     else:  # asterisk form (OPTIONS *) or authority form (CONNECT host:port)
         raw_path, query = target, b""

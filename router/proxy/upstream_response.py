@@ -50,7 +50,7 @@ class UpstreamResponse:
         try:
             await conn.wait_body()
         except BaseException:
-            self._release()
+            self.release()
             raise
 
     def attach(self, sink: BodySink) -> None:
@@ -79,7 +79,7 @@ class UpstreamResponse:
         try:
             return conn.take()
         except BaseException:
-            self._release()
+            self.release()
             raise
 
     def __aiter__(self) -> UpstreamResponse:
@@ -97,11 +97,11 @@ class UpstreamResponse:
             if chunk is None:
                 chunk = await conn.next_chunk()
         except BaseException:
-            self._release()
+            self.release()
             raise
         if chunk:
             return chunk
-        self._release()
+        self.release()
         raise StopAsyncIteration
 
     async def read(self) -> bytes:
@@ -114,12 +114,12 @@ class UpstreamResponse:
             while chunk := conn.take() or await conn.next_chunk():
                 parts.append(chunk)
         finally:
-            self._release()
+            self.release()
         return b"".join(parts)
 
     async def aclose(self) -> None:
         """Return the connection if the body was fully read and keep-alive allowed; else close it now."""
-        self._release()
+        self.release()
 
     async def __aenter__(self) -> UpstreamResponse:
         return self
@@ -130,7 +130,7 @@ class UpstreamResponse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._release()
+        self.release()
 
     def release(self) -> None:
         """`aclose` without awaiting."""
@@ -139,5 +139,3 @@ class UpstreamResponse:
             self._conn = None
             conn.detach()
             self._pool.give_back(conn)
-
-    _release = release

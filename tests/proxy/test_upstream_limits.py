@@ -4,11 +4,11 @@ to the first byte, to the end of the head and between body reads, and no replay 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
-import router.proxy.upstream as upstream_module
 from router.config.load import ConfigError, parse_profile
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
 from router.metrics import Metrics
@@ -33,21 +33,45 @@ LIMIT = 64 * 1024
 ONE_READ = 256 * 1024  # the most either event loop hands over per read
 
 
-class _CountingConnection(UpstreamConnection):
-    """Counts the bytes the event loop hands the connection: what the router read."""
+class _Counted(asyncio.Protocol):
+    """Stands between the event loop and an upstream connection, counting the bytes the loop hands
+    it: what the router read. (A subclass would not do: the connection may be compiled.)"""
 
-    read: list[int] = []  # noqa: RUF012 - one list per test, reset by the fixture
+    def __init__(self, conn: UpstreamConnection, reads: list[int]) -> None:
+        self._conn, self._reads = conn, reads
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        _CountingConnection.read.append(len(data))
-        super().data_received(data)
+        self._reads.append(len(data))
+        self._conn.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._conn.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._conn.resume_writing()
 
 
 @pytest.fixture
-def counted_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    _CountingConnection.read = []
-    monkeypatch.setattr(upstream_module, "UpstreamConnection", _CountingConnection)
-    yield _CountingConnection.read
+async def counted_reads(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[int]]:
+    reads: list[int] = []
+    loop = asyncio.get_running_loop()
+    connect = loop.create_connection
+
+    async def counting(factory: Callable[[], UpstreamConnection], *args: Any, **kwargs: Any) -> Any:
+        return await connect(lambda: _Counted(factory(), reads), *args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", counting)
+    yield reads
+    assert reads, "no read was counted: the counting no longer sees the connection"
 
 
 def _replying(*parts: bytes) -> Handler:

@@ -11,6 +11,10 @@ first line). `stream` relays 64 SSE chunks and [DONE]. A third argument `limited
 key rate limits (requests, tokens and concurrency, none of them reached), so the limiter and the
 usage tail are counted too. The request's scope offers the server's body writer, as the router's
 own HTTP server does. Run as a file with `PYTHONPATH=TREE` to measure another tree of the router.
+
+It measures the interpreted request path only: a compiled one (docs/compiled.md) checks the types
+it is handed, and takes neither the stand-in upstream nor its response. Where the tree is compiled,
+run it with LANE_ROUTER_INTERPRETED=1; router/lab/bench/wirepath.py measures both builds.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from router import BUILD
 from router.apiroutes import PROXIED
 from router.asgi import BODY_WRITER, Message
 from router.auth import hash_key
@@ -236,6 +241,13 @@ async def run(n: int, stream: bool, limited: bool = False) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if BUILD.mode == "compiled":
+        print(
+            "hotpath measures the interpreted request path: this one runs compiled "
+            "(set LANE_ROUTER_INTERPRETED=1, or measure with router/lab/bench/wirepath.py)",
+            file=sys.stderr,
+        )
+        return 2
     stream, n = argv[0] == "stream", int(argv[1])
     limited = argv[2:] == ["limited"]
     asyncio.run(run(200, stream, limited))

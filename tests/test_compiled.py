@@ -1,0 +1,119 @@
+"""How the package loads: compiled modules where they are current, their sources where they are
+bypassed (router/compiled.py). The import tests run a fresh interpreter on a small package of
+their own whose "extension" is not loadable: importing it fails unless the sources are taken."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import router
+from router.compiled import INTERPRETED_ENV, choose, extensions
+
+ROOT = Path(__file__).resolve().parents[1]
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+REQUIRE_ENV = "LANE_ROUTER_REQUIRE_COMPILED"
+
+
+def _package(root: Path, *, source_tree: bool, source_newer: bool) -> Path:
+    pkg = root / "pkgx"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import os\nfrom pathlib import Path\nfrom router.compiled import apply\n"
+        "BUILD = apply(__name__, Path(__file__).parent, os.environ)\n"
+    )
+    (pkg / "sub" / "__init__.py").write_text("")
+    for module in (pkg / "mod", pkg / "sub" / "deep"):
+        module.with_suffix(".py").write_text("WHERE = __file__\n")
+        module.with_name(module.name + SUFFIX).write_bytes(b"not an extension")
+        older, newer = (module.with_name(module.name + SUFFIX), module.with_suffix(".py"))
+        if not source_newer:
+            older, newer = newer, older
+        os.utime(older, (1_000_000, 1_000_000))
+        os.utime(newer, (2_000_000, 2_000_000))
+    if source_tree:
+        (root / "pyproject.toml").write_text("[project]\nname = 'pkgx'\n")
+    return pkg
+
+
+def _import(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = "import pkgx, pkgx.mod, pkgx.sub.deep; print(pkgx.BUILD.mode, pkgx.mod.WHERE, pkgx.sub.deep.WHERE)"
+    environ = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV}
+    environ |= {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}", **env}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_current_extensions_are_what_loads(tmp_path: Path) -> None:
+    _package(tmp_path, source_tree=True, source_newer=False)
+    done = _import(tmp_path, {})
+    # The finder stayed out of the way: Python took the (unloadable) extension.
+    assert done.returncode != 0
+    assert "pkgx/mod" in done.stderr and "ImportError" in done.stderr
+
+
+def test_the_operator_can_choose_the_sources(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, source_tree=True, source_newer=False)
+    done = _import(tmp_path, {INTERPRETED_ENV: "1"})
+    assert done.returncode == 0, done.stderr
+    mode, mod, deep = done.stdout.split()
+    assert (mode, mod, deep) == ("sources", str(pkg / "mod.py"), str(pkg / "sub" / "deep.py"))
+
+
+def test_sources_edited_after_compiling_are_what_loads(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, source_tree=True, source_newer=True)
+    done = _import(tmp_path, {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["sources", str(pkg / "mod.py"), str(pkg / "sub" / "deep.py")]
+
+
+def test_an_installed_package_is_not_judged_by_its_file_times(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, source_tree=False, source_newer=True)
+    assert choose(pkg, {}).mode == "compiled"
+
+
+def test_the_reason_names_the_changed_sources_and_the_remedy(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, source_tree=True, source_newer=True)
+    build = choose(pkg, {})
+    assert build.extensions == 2
+    assert "pkgx/mod.py" in build.reason and "pkgx/sub/deep.py" in build.reason
+    assert "scripts/compile.sh" in build.describe()
+
+
+def test_a_tree_without_extensions_is_interpreted(tmp_path: Path) -> None:
+    (tmp_path / "pkgx").mkdir()
+    (tmp_path / "pkgx" / "mod.py").write_text("")
+    assert choose(tmp_path / "pkgx", {INTERPRETED_ENV: "1"}).describe() == "interpreted"
+
+
+def test_an_extension_without_its_source_is_not_a_compiled_module(tmp_path: Path) -> None:
+    (tmp_path / f"shared__mypyc{SUFFIX}").write_bytes(b"")
+    assert extensions(tmp_path) == {}
+
+
+def test_the_request_path_runs_as_it_was_built() -> None:
+    """CI compiles the tree (scripts/compile.sh) and sets LANE_ROUTER_REQUIRE_COMPILED=1: every
+    module listed in pyproject.toml must then run as an extension, or, in the run with
+    LANE_ROUTER_INTERPRETED=1, every one of them from its source."""
+    if os.environ.get(REQUIRE_ENV) != "1":
+        pytest.skip(f"{REQUIRE_ENV} is not set: the tree may run interpreted")
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        listed: list[str] = tomllib.load(f)["tool"]["lane-router"]["compiled"]
+    bypassed = os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+    assert router.BUILD.mode == ("sources" if bypassed else "compiled"), router.BUILD.describe()
+    assert router.BUILD.extensions == len(listed)
+    suffix = ".py" if bypassed else SUFFIX
+    names = [path.removesuffix(".py").replace("/", ".") for path in listed]
+    assert [name for name in names if not _loaded(name).endswith(suffix)] == []
+
+
+def _loaded(name: str) -> str:
+    module = __import__(name, fromlist=["_"])
+    return str(module.__file__)
