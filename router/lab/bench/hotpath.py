@@ -1,12 +1,12 @@
 """The router's own per-request work, without sockets: `handle()` driven with an in-memory
 upstream, so an instruction counter sees only the request path's Python.
 
-    python -m router.lab.bench.hotpath whole 1          # compile the sources first
+    python -m router.lab.bench.hotpath whole 1          # write the bytecode caches first
     valgrind --tool=callgrind python -m router.lab.bench.hotpath whole 100
     valgrind --tool=callgrind python -m router.lab.bench.hotpath whole 2100
 
 The difference of the two totals over 2000 is the cost of one request (both runs pay start-up
-and 200 warm-up requests alike; a source recompiled between them would count too, hence the
+and 200 warm-up requests alike; a source byte-compiled between them would count too, hence the
 first line). `stream` relays 64 SSE chunks and [DONE]. A third argument `limited` gives the
 key rate limits (requests, tokens and concurrency, none of them reached), so the limiter and the
 usage tail are counted too. The request's scope offers the server's body writer, as the router's

@@ -4,7 +4,7 @@ process, the zero-delay fake backend and a closed-loop client in child processes
 instruction counter that does not follow children sees the HTTP server, the app and the upstream
 client together — what router/lab/bench/hotpath.py leaves out.
 
-    python -m router.lab.bench.wirepath whole 1          # compile the sources first
+    python -m router.lab.bench.wirepath whole 1          # write the bytecode caches first
     valgrind --tool=callgrind --trace-children=no python -m router.lab.bench.wirepath whole 200
     valgrind --tool=callgrind --trace-children=no python -m router.lab.bench.wirepath whole 2200
 
