@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -39,6 +40,14 @@ class Build(NamedTuple):
         if self.mode == "sources":
             return f"interpreted: {self.extensions} compiled modules bypassed ({self.reason})"
         return "interpreted"
+
+
+def listed(project_dir: Path) -> list[str]:
+    """The modules a source tree's pyproject.toml lists to compile, as paths from `project_dir`
+    (setup.py reads the same list, without importing the package)."""
+    with (project_dir / "pyproject.toml").open("rb") as f:
+        modules: list[str] = tomllib.load(f)["tool"]["lane-router"]["compiled"]
+    return modules
 
 
 def extensions(package_dir: Path) -> dict[Path, Path]:

@@ -19,13 +19,13 @@ clean() {
 # Current: every module of the list compiled, none older than its source.
 current() {
   LANE_ROUTER_INTERPRETED= "$PY" - <<'PYTHON'
-import sys, tomllib
+import sys
 from pathlib import Path
 import router
-from router.compiled import extensions
-listed = set(tomllib.load(open("pyproject.toml", "rb"))["tool"]["lane-router"]["compiled"])
-built = {str(source.relative_to(Path.cwd())) for source in extensions(Path("router").resolve())}
-sys.exit(0 if router.BUILD.mode == "compiled" and built == listed else 1)
+from router.compiled import extensions, listed
+here = Path.cwd()
+built = {str(source.relative_to(here)) for source in extensions(here / "router")}
+sys.exit(0 if router.BUILD.mode == "compiled" and built == set(listed(here)) else 1)
 PYTHON
 }
 

@@ -8,13 +8,10 @@ import importlib.machinery
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
-import pytest
-
 import router
-from router.compiled import INTERPRETED_ENV, choose, extensions
+from router.compiled import INTERPRETED_ENV, choose, extensions, listed
 
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -99,18 +96,17 @@ def test_an_extension_without_its_source_is_not_a_compiled_module(tmp_path: Path
 
 
 def test_the_request_path_runs_as_it_was_built() -> None:
-    """CI compiles the tree (scripts/compile.sh) and sets LANE_ROUTER_REQUIRE_COMPILED=1: every
-    module listed in pyproject.toml must then run as an extension, or, in the run with
-    LANE_ROUTER_INTERPRETED=1, every one of them from its source."""
-    if os.environ.get(REQUIRE_ENV) != "1":
-        pytest.skip(f"{REQUIRE_ENV} is not set: the tree may run interpreted")
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        listed: list[str] = tomllib.load(f)["tool"]["lane-router"]["compiled"]
-    bypassed = os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
-    assert router.BUILD.mode == ("sources" if bypassed else "compiled"), router.BUILD.describe()
-    assert router.BUILD.extensions == len(listed)
-    suffix = ".py" if bypassed else SUFFIX
-    names = [path.removesuffix(".py").replace("/", ".") for path in listed]
+    """Every module listed in pyproject.toml loads as the package's build says: as an extension
+    when compiled, else from its source. CI compiles the tree (scripts/compile.sh) and sets
+    LANE_ROUTER_REQUIRE_COMPILED=1: the build must then be compiled, or, in the run with
+    LANE_ROUTER_INTERPRETED=1, its extensions bypassed."""
+    names = [path.removesuffix(".py").replace("/", ".") for path in listed(ROOT)]
+    build = router.BUILD
+    if os.environ.get(REQUIRE_ENV) == "1":
+        bypassed = os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+        assert build.mode == ("sources" if bypassed else "compiled"), build.describe()
+        assert build.extensions == len(names)
+    suffix = SUFFIX if build.mode == "compiled" else ".py"
     assert [name for name in names if not _loaded(name).endswith(suffix)] == []
 
 
