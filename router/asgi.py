@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -16,7 +16,7 @@ Send = Callable[[Message], Awaitable[None]]
 # maps this name to a `BodyWriter` for the request. A relay that holds one writes body parts
 # from an upstream read callback instead of waking its task for every chunk, and a body it has
 # whole together with the response's start.
-BODY_WRITER = "lane_router.body_writer"
+BODY_WRITER: Final = "lane_router.body_writer"
 
 
 class BodyWriter(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from router.auth import ApiKey
 from router.config.models import ClassifyConfig, RequestClass
@@ -26,13 +26,13 @@ class Reason(StrEnum):
 
 
 # A reason's text, looked up without the enum's `value` property (two Python calls).
-REASON_TEXT: Mapping[Reason, str] = MappingProxyType({r: r.value for r in Reason})
+REASON_TEXT: Final[Mapping[Reason, str]] = MappingProxyType({r: r.value for r in Reason})
 
 
 # Named tuples: immutable values that cost a request no more than a tuple each; the request path
 # builds them with the tuple constructor (`_new`), as a named tuple's own `__new__` is a Python
 # function.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 
 class Classification(NamedTuple):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -35,17 +35,17 @@ __all__ = ["PREFIX_BLOCK_CHARS", "Endpoint", "RequestFacts", "parse_facts", "pre
 
 # Prefix fingerprints are chained over fixed-size character blocks (≈64 tokens each) and stop
 # after PREFIX_MAX_BLOCKS, so hashing cost per request is bounded whatever the prompt length.
-PREFIX_BLOCK_CHARS = 64 * CHARS_PER_TOKEN
-PREFIX_MAX_BLOCKS = 128
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal", "thinking": "thinking"}
-_IMAGE_PARTS = frozenset({"image_url", "input_image", "image_pil"})
-_AUDIO_PARTS = frozenset({"input_audio", "audio_url"})
-_VIDEO_PARTS = frozenset({"video_url"})
-_OTHER_FIELDS = ("name", "tool_call_id", "reasoning", "reasoning_content")
+PREFIX_BLOCK_CHARS: Final = 64 * CHARS_PER_TOKEN
+PREFIX_MAX_BLOCKS: Final = 128
+_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TEXT_PARTS: Final = {"text": "text", "input_text": "text", "refusal": "refusal", "thinking": "thinking"}
+_IMAGE_PARTS: Final = frozenset({"image_url", "input_image", "image_pil"})
+_AUDIO_PARTS: Final = frozenset({"input_audio", "audio_url"})
+_VIDEO_PARTS: Final = frozenset({"video_url"})
+_OTHER_FIELDS: Final = ("name", "tool_call_id", "reasoning", "reasoning_content")
 
 
-_API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] = {
+_API_PROMPTS: Final[dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]]] = {
     "responses": responses_prompt,
     "rerank": lambda data, counter: pairs_prompt(data, counter, RERANK_SIDES),
     "score": lambda data, counter: pairs_prompt(data, counter, SCORE_SIDES),
@@ -56,7 +56,7 @@ _API_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]] 
 # A named tuple, not a frozen dataclass: as immutable, and built once per request for the
 # price of a tuple (a frozen dataclass sets each field through object.__setattr__), by the tuple
 # constructor itself (`_new`: a named tuple's own `__new__` is a Python function).
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 
 class RequestFacts(NamedTuple):

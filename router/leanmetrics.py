@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import INF, floatToGoString
 
 # How prometheus_client writes a bucket's bound ("0.005", "1.0", "+Inf").
-_le_label: Callable[[float], str] = floatToGoString
+_le_label: Final[Callable[[float], str]] = floatToGoString
 
 
 def _created_series() -> bool:
@@ -68,8 +67,19 @@ class HistogramValue:
         self.created = time.time()
 
     def observe(self, amount: float) -> None:
-        # The first bucket whose upper bound is >= amount; the last bound is +Inf.
-        self.counts[bisect_left(self._bounds, amount)] += 1.0
+        # The first bucket whose upper bound is >= amount; the last bound is +Inf. Searched
+        # here rather than with `bisect`: compiled, this loop compares unboxed floats, where a
+        # call to `bisect_left` compares float objects through the generic protocol.
+        bounds = self._bounds
+        low = 0
+        high = len(bounds) - 1
+        while low < high:
+            middle = (low + high) >> 1
+            if bounds[middle] < amount:
+                low = middle + 1
+            else:
+                high = middle
+        self.counts[low] += 1.0
         self.sum += amount
 
 

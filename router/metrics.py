@@ -9,6 +9,7 @@ a profile is swapped."""
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -66,6 +67,9 @@ _ITL_BUCKETS = (
 _ROUTE = ("class", "lane", "pool")
 
 
+# Subclassed by a worker's registry (router/workermetrics.py), which is not compiled
+# (docs/compiled.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)

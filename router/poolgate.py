@@ -24,7 +24,7 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -36,8 +36,8 @@ from router.slots.budget import ALONE, Share
 if TYPE_CHECKING:
     from router.runtime import Backend, Lane
 
-_SCAN_LIMIT = 256  # waiters looked at per pass, so one release never costs more than this
-_NO_BACKEND_RETRY_AFTER_S = 2.0
+_SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
+_NO_BACKEND_RETRY_AFTER_S: Final = 2.0
 
 
 class Ticket:

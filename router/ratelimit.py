@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from router.errors import RateLimited
 
 # A bucket refills from empty to full in one minute.
-REFILL_S = 60.0
+REFILL_S: Final = 60.0
 
 
 # Limits, levels and verdicts are named tuples: immutable values that cost a request no more
@@ -31,7 +31,7 @@ REFILL_S = 60.0
 # by `_new`, the tuple constructor itself: a named tuple's own `__new__` is a Python function.
 # The functions below unpack them rather than read their fields by name, which costs a
 # descriptor call each.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 
 class Limits(NamedTuple):
@@ -209,7 +209,7 @@ class MemoryRateStore:
 
 
 # A request let through uncounted: the shared levels could not be reached and the policy is open.
-UNCOUNTED = Verdict(True, recorded=False)
+UNCOUNTED: Final = Verdict(True, recorded=False)
 
 
 def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int = 1) -> int:
@@ -226,7 +226,7 @@ def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
     return out
 
 
-_MESSAGES = {
+_MESSAGES: Final = {
     "requests": "requests per minute",
     "tokens": "tokens per minute",
     "concurrency": "concurrent requests",
@@ -247,10 +247,10 @@ def refusal(verdict: Verdict) -> RateLimited:
 
 # The usage object of an OpenAI response (the JSON body, or the last SSE event when the client
 # asked for stream_options.include_usage).
-_TOTAL = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-USAGE_TAIL_BYTES = 2048
+_TOTAL: Final = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+_PROMPT: Final = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION: Final = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+USAGE_TAIL_BYTES: Final = 2048
 
 
 def parse_usage(tail: bytes) -> int | None:

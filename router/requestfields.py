@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from router.apifields import (
     AUDIO_FIELDS,
@@ -43,11 +43,11 @@ Endpoint = Literal[
 ]
 
 # OpenAI fields vLLM accepts and ignores; refusing them would break ordinary clients.
-_IGNORED_OPENAI = frozenset(
+_IGNORED_OPENAI: Final = frozenset(
     {"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "verbosity"}
 )
 
-_SAMPLING = frozenset(
+_SAMPLING: Final = frozenset(
     {
         "model",
         "stream",
@@ -93,7 +93,7 @@ _SAMPLING = frozenset(
     }
 )
 
-OPEN_FIELDS: Mapping[Endpoint, frozenset[str]] = {
+OPEN_FIELDS: Final[Mapping[Endpoint, frozenset[str]]] = {
     "chat": _SAMPLING
     | _IGNORED_OPENAI
     | {
@@ -143,7 +143,7 @@ OPEN_FIELDS: Mapping[Endpoint, frozenset[str]] = {
 
 # The engine's own knobs: scheduling order, cache isolation, request identity, templates,
 # multimodal preprocessing, disaggregated-serving hand-offs and extension parameters.
-ENGINE_FIELDS = frozenset(
+ENGINE_FIELDS: Final = frozenset(
     {
         "priority",
         "cache_salt",
@@ -166,8 +166,10 @@ ENGINE_FIELDS = frozenset(
 
 # Bounded fields and their bounds when neither the profile nor the key sets one. `max_tokens`
 # bounds the output per sequence whichever field states it; unset, only the lane bounds it.
-LIMITED_FIELDS = frozenset({"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens"})
-DEFAULT_LIMITS: Mapping[str, int] = {
+LIMITED_FIELDS: Final = frozenset(
+    {"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens"}
+)
+DEFAULT_LIMITS: Final[Mapping[str, int]] = {
     "n": 8,
     "best_of": 8,
     "logprobs": 20,
@@ -177,8 +179,8 @@ DEFAULT_LIMITS: Mapping[str, int] = {
 
 
 # The bounded fields that are counts, in the order they are checked.
-_COUNTED_ORDER = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
-_COUNTED = frozenset(_COUNTED_ORDER)
+_COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
+_COUNTED: Final = frozenset(_COUNTED_ORDER)
 
 
 @dataclass(frozen=True, slots=True)

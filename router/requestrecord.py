@@ -13,11 +13,12 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import Final
 
 from router.tracecontext import NO_CLIENT_TRACE, ClientTrace
 
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT: Final = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION: Final = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class RequestIds:

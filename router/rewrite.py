@@ -15,7 +15,7 @@ written into it. Pure.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -24,7 +24,7 @@ from router.errors import BadRequest
 from router.facts import RequestFacts
 
 # vLLM 0.32's `CompletionRequest.max_tokens` default.
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
 
 
 class OutputCaps(NamedTuple):

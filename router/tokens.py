@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 # The simulator's rule (4 characters a token, at least one per text). It is also the unit of
 # the prefix fingerprints' blocks (router.facts), which only need a stable size in characters.
-CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN: Final = 4
 
-UTF8_BYTES = "utf8-bytes"
-SIMULATOR = "simulator"
+UTF8_BYTES: Final = "utf8-bytes"
+SIMULATOR: Final = "simulator"
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -103,7 +103,7 @@ class Media:
 
 
 # A message without media (the common case) shares this one, rather than building its own.
-NO_MEDIA = Media()
+NO_MEDIA: Final = Media()
 
 
 class PromptCounter:

@@ -3,6 +3,7 @@ same observations: names, labels, bucket bounds, values and sample order."""
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Any
 
@@ -76,3 +77,17 @@ def test_a_counter_refuses_to_go_down_and_buckets_must_be_sorted() -> None:
         counter("x_n", "N.", [], registry).labels().inc(-1)
     with pytest.raises(ValueError, match="sorted"):
         histogram("x_h", "H.", [], (1.0, 0.5), registry)
+
+
+def test_an_observation_lands_in_the_first_bucket_whose_bound_holds_it() -> None:
+    bounds = (0.001, 0.0025, 0.005, 0.01, 0.5, 1.0, 10.0)
+    child = histogram("gap_seconds", "gaps", [], bounds, CollectorRegistry()).labels()
+    edges = [b + d for b in bounds for d in (-1e-9, 0.0, 1e-9)]
+    amounts = [-1.0, 0.0, *edges, 11.0, float("inf")]
+    for amount in amounts:
+        child.observe(amount)
+    expected = [0.0] * (len(bounds) + 1)
+    for amount in amounts:
+        expected[bisect.bisect_left((*bounds, float("inf")), amount)] += 1.0
+    assert child.counts == expected
+    assert sum(child.counts) == len(amounts)

@@ -13,7 +13,7 @@ import contextlib
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from router.httpserver.deadlines import INF
 from router.httpserver.dispatch import run_app
@@ -26,13 +26,13 @@ if TYPE_CHECKING:
 
 # After refusing a request the server stops reading but leaves the connection open this long,
 # so the client can read the answer before the close resets the connection.
-LINGER_S = 1.0
+LINGER_S: Final = 1.0
 # A closing connection whose client does not take the last bytes within this is reset.
-CLOSE_FLUSH_S = 30.0
+CLOSE_FLUSH_S: Final = 30.0
 # A request answered before its body arrived: the rest of the body is read and dropped for up
 # to this long (clients write the whole body before they read), then the connection closes.
-DRAIN_S = 10.0
-TASK_NAME = "lane-router-request"
+DRAIN_S: Final = 10.0
+TASK_NAME: Final = "lane-router-request"
 
 
 class Connection(RequestReader):

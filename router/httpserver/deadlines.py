@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-INF = math.inf
+INF: Final = math.inf
 
 
 # The base of the server's connections, and of the tests' probes of its timer (docs/compiled.md).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from router.httpserver.exchange import DONE, NEW
 
@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from router.httpserver.context import ServerContext
     from router.httpserver.exchange import Exchange
 
-log = logging.getLogger("lane_router.http")
-access_log = logging.getLogger("lane_router.access")
+log: Final = logging.getLogger("lane_router.http")
+access_log: Final = logging.getLogger("lane_router.access")
 
 
 async def run_app(ctx: ServerContext, ex: Exchange) -> None:

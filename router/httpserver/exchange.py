@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from router.asgi import BODY_WRITER
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 Message = dict[str, Any]
 
 # Response states.
-NEW = 0
-STARTED = 1
-DONE = 2
+NEW: Final = 0
+STARTED: Final = 1
+DONE: Final = 2
 
 
 class Exchange:
@@ -352,4 +352,4 @@ class Exchange:
         self.scope["extensions"] = {}
 
 
-_ORDER = ("before http.response.start", "", "after the response was complete")
+_ORDER: Final = ("before http.response.start", "", "after the response was complete")

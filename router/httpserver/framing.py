@@ -4,23 +4,26 @@ when the app starts the response."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 from router.httpserver.wire import CRLF, STATUS_LINES, DateHeader, status_line
 
 # Body delimitation.
-LENGTH = 0  # the app's content-length
-CHUNKED = 1  # HTTP/1.1 without a length
-UNTIL_CLOSE = 2  # HTTP/1.0 without a length: the end of the body is the end of the connection
-NO_BODY = 3  # HEAD, 204, 304: body bytes the app sends are dropped
+LENGTH: Final = 0  # the app's content-length
+CHUNKED: Final = 1  # HTTP/1.1 without a length
+UNTIL_CLOSE: Final = 2  # HTTP/1.0 without a length: the end of the body is the end of the connection
+NO_BODY: Final = 3  # HEAD, 204, 304: body bytes the app sends are dropped
 
-_CHUNKED_LINE = b"transfer-encoding: chunked\r\n"
-_CLOSE_LINE = b"connection: close\r\n"
-_KEEP_ALIVE_LINE = b"connection: keep-alive\r\n"
-_EVENT_STREAM = b"text/event-stream"
+_CHUNKED_LINE: Final = b"transfer-encoding: chunked\r\n"
+_CLOSE_LINE: Final = b"connection: close\r\n"
+_KEEP_ALIVE_LINE: Final = b"connection: keep-alive\r\n"
+_EVENT_STREAM: Final = b"text/event-stream"
 # The app's headers the server looks at (all others pass as they are), and their name lengths:
 # a name of another length is passed on without being lowered first.
-_SERVER_READS = frozenset((b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date"))
-_READ_SIZES = frozenset(len(name) for name in _SERVER_READS)
+_SERVER_READS: Final = frozenset(
+    (b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date")
+)
+_READ_SIZES: Final = frozenset(len(name) for name in _SERVER_READS)
 
 
 # (head, framing, content length or -1, keep-alive, is an event stream): a plain tuple, as one is

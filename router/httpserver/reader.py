@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
@@ -25,19 +25,19 @@ if TYPE_CHECKING:
     from router.httpserver.wire import DateHeader
 
 # What the read side expects next.
-WAIT = 0  # the next request: nothing of it has arrived
-HEAD = 1  # the rest of a request head
-BODY = 2  # the rest of a request body
-ENDING = 3  # nothing: the connection is closing
+WAIT: Final = 0  # the next request: nothing of it has arrived
+HEAD: Final = 1  # the rest of a request head
+BODY: Final = 2  # the rest of a request body
+ENDING: Final = 3  # nothing: the connection is closing
 
 # Why reading is paused (bits).
-QUEUED = 1  # a pipelined request waits behind the one in progress
-BODY_HELD = 2  # the app has not taken the body bytes held for it
-STOPPED = 4  # the connection is ending
+QUEUED: Final = 1  # a pipelined request waits behind the one in progress
+BODY_HELD: Final = 2  # the app has not taken the body bytes held for it
+STOPPED: Final = 4  # the connection is ending
 
 
 # The methods' names, decoded once.
-_METHODS = MappingProxyType(
+_METHODS: Final = MappingProxyType(
     {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE")}
 )
 

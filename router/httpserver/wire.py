@@ -8,18 +8,19 @@ import time
 from email.utils import formatdate
 from http import HTTPStatus
 from types import MappingProxyType
+from typing import Final
 
 import orjson
 
-CRLF = b"\r\n"
-LAST_CHUNK = b"0\r\n\r\n"
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CRLF: Final = b"\r\n"
+LAST_CHUNK: Final = b"0\r\n\r\n"
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # Above this a body is handed to the transport as its own buffer instead of being copied into
 # one joined write with its framing.
-JOIN_LIMIT = 16 * 1024
+JOIN_LIMIT: Final = 16 * 1024
 
-STATUS_LINES = MappingProxyType(
+STATUS_LINES: Final = MappingProxyType(
     {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus}
 )
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from router.ratelimit import USAGE_TAIL_BYTES
 
 if TYPE_CHECKING:
     from router.proxy.forward import Exchange
 
-_monotonic = time.monotonic
+_monotonic: Final = time.monotonic
 
 
 class UsageTail:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Final
 
 from router import health
 from router.asgi import BodyWriter
@@ -31,12 +32,12 @@ from router.proxy.upstream_response import UpstreamResponse
 from router.requestrecord import RequestRecord
 from router.runtime import Backend, Lane, Runtime
 
-log = logging.getLogger("lane_router.forward")
+log: Final = logging.getLogger("lane_router.forward")
 
 # A wrong pool key fails every request: one warning per backend per interval says it.
-AUTH_WARNING_EVERY_S = 60.0
+AUTH_WARNING_EVERY_S: Final = 60.0
 # Failures before a response that speak of the backend's health, not of one request.
-_SICK = (UpstreamConnectError, UpstreamClosed)
+_SICK: Final = (UpstreamConnectError, UpstreamClosed)
 
 
 class Exchange:

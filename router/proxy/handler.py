@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import Any, Final
 
 from router.admission import outside_lane_shape
 from router.apiroutes import ApiRoute
@@ -37,7 +37,7 @@ from router.tracecontext import NO_CLIENT_TRACE
 
 # Named tuples built per request are made by the tuple constructor itself: a named tuple's own
 # `__new__` is a Python function.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 
 def seen_slow(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import urlsplit
 
 # Methods whose requests carry a Content-Length even when the body is empty.
-_BODY_METHODS = frozenset((b"POST", b"PUT", b"PATCH"))
+_BODY_METHODS: Final = frozenset((b"POST", b"PUT", b"PATCH"))
 # The lengths of the names `build_head` looks at (host, content-length, transfer-encoding): a name
 # of another length is passed on without being lowered first.
-_FRAMING_SIZES = frozenset((4, 14, 17))
+_FRAMING_SIZES: Final = frozenset((4, 14, 17))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@ its body, read within the profile's limit."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from router.asgi import Receive
 from router.auth import ApiKey
 from router.errors import BadRequest, PayloadTooLarge
@@ -20,10 +22,10 @@ class ClientGone(Exception):
 # different one. _TRACE keeps every traceparent and tracestate line. Headers clients commonly
 # send that the router does not read share _UNREAD, a place no attribute takes: found as they
 # come (servers lower header names), they need no lowering to be passed over.
-_SINGLE = 4
-_TRACE = 8
-_UNREAD = 9
-_UNREAD_NAMES = (
+_SINGLE: Final = 4
+_TRACE: Final = 8
+_UNREAD: Final = 9
+_UNREAD_NAMES: Final = (
     b"host",
     b"user-agent",
     b"accept-encoding",
@@ -41,7 +43,7 @@ _UNREAD_NAMES = (
     b"x-stainless-runtime",
     b"x-stainless-runtime-version",
 )
-_PLACES = {
+_PLACES: Final = {
     **dict.fromkeys(_UNREAD_NAMES, _UNREAD),
     b"authorization": 0,
     b"x-request-class": 1,

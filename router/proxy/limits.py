@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 # The phases of a response, each with its own time limit.
-BEFORE_HEAD = 0  # the request is written, no response byte yet
-IN_HEAD = 1  # the head is arriving
-IN_BODY = 2  # the body is arriving
+BEFORE_HEAD: Final = 0  # the request is written, no response byte yet
+IN_HEAD: Final = 1  # the head is arriving
+IN_BODY: Final = 2  # the body is arriving
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from router.asgi import Receive, Send
 from router.auth import ApiKey
@@ -21,10 +21,10 @@ from router.runtime import Runtime
 
 # Charges are built by the tuple constructor itself: a named tuple's own `__new__` is a Python
 # function.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 # The status an access log gives a request whose client left before any response (as nginx does).
-CLIENT_CLOSED = 499
+CLIENT_CLOSED: Final = 499
 
 
 class Charge(NamedTuple):

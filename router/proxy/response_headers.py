@@ -10,10 +10,11 @@ unchanged. Everything else the client sees (`x-request-id`, `x-lane-router-*`, `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 Headers = list[tuple[bytes, bytes]]
 
-_SSE = b"text/event-stream"
+_SSE: Final = b"text/event-stream"
 
 
 def client_headers(

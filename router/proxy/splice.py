@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Final
 
 from router.asgi import BodyWriter
 from router.errors import UpstreamError
@@ -20,26 +21,28 @@ from router.proxy.chunklog import ChunkLog
 from router.proxy.upstream_response import UpstreamResponse
 from router.slowclient import LAG_CHECK_S
 
-DONE = "done"
-LAGGING = "lagging"
+DONE: Final = "done"
+LAGGING: Final = "lagging"
 Outcome = str | UpstreamError
 
 
 class Splice:
-    """The sink of one response body. A read's common case (recorded, then written unless the
-    lag sample is due) is run by the connection's read callback itself, with `record`, `sample_at`
-    and `write` (router/proxy/upstream_connection.py): one Python call fewer per read. `sample`
-    and `filled` are the rest of `relay`, for the reads that need them."""
+    """The sink of one response body (router/proxy/upstream_body.py `attach`). A read's common
+    case (recorded, then written unless the lag sample is due) is run by the connection's read
+    callback itself, with `record`, `sample_at` and `write` (router/proxy/upstream_connection.py):
+    one call fewer per read. `sample` and `filled` are the rest of `relay`, for the reads that
+    need them. `relay` takes one read's body bytes (`last`: the body ended with them) and says
+    False to stop reading until the sink calls `UpstreamConnection.resume_sink`; `failed` takes
+    the exchange's failure, after which nothing more comes."""
 
     __slots__ = (
         "_lagging",
         "_response",
+        "_seen",
         "_writer",
         "outcome",
         "pending",
-        "record",
         "sample_at",
-        "write",
     )
 
     def __init__(
@@ -49,14 +52,21 @@ class Splice:
         response: UpstreamResponse,
         lagging: Callable[[], bool],
     ) -> None:
-        self.record: Callable[[bytes], float] = seen.record
+        self._seen = seen
         self._writer = writer
-        self.write: Callable[[bytes, bool], bool] = writer.write_body
         self._response = response
         self._lagging = lagging
         self.sample_at = time.monotonic() + LAG_CHECK_S
         self.pending = b""  # a chunk read but not written, when the splice ended on a lagging client
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    def record(self, data: bytes) -> float:
+        """Record a read's arrival (router/proxy/chunklog.py); the time it was seen."""
+        return self._seen.record(data)
+
+    def write(self, data: bytes, last: bool) -> bool:
+        """Write a read to the client; True while its transport is full."""
+        return self._writer.write_body(data, last)
 
     def relay(self, data: bytes, last: bool) -> bool:
         if data:

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from router.errors import UpstreamConnectError
 from router.proxy.http1 import build_head, head_with_fields, parse_origin
@@ -40,7 +40,7 @@ from router.proxy.upstream_response import UpstreamResponse
 from router.tls.upstream import handshake_failure
 
 # uvloop timers have millisecond resolution; an expiry timer may fire this much early.
-_TIMER_SLACK = 0.005
+_TIMER_SLACK: Final = 0.005
 
 
 @dataclass(frozen=True, slots=True)

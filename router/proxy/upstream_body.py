@@ -3,58 +3,34 @@ it hands the response body to (router/proxy/upstream_connection.py parses the by
 
 Body bytes reach the consumer through a deque plus a Future that exists only while the consumer
 is actually waiting, so a chunk that arrives while the consumer is busy costs one append — or,
-with a `BodySink` attached, straight from the read callback, once per socket read, with no task
-woken at all. Past HIGH_WATER buffered bytes reading pauses until the consumer drains them."""
+with a sink attached (router/proxy/splice.py), straight from the read callback, once per socket
+read, with no task woken at all. Past HIGH_WATER buffered bytes reading pauses until the
+consumer drains them."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from router.errors import UpstreamError
 from router.proxy.limits import IN_BODY, DeadlineTimer, ResponseLimits
 
+if TYPE_CHECKING:
+    # The one sink, by its class: compiled, its methods are called directly.
+    from router.proxy.splice import Splice
+
 # Past HIGH_WATER buffered body bytes reading pauses, so the kernel buffers fill and the backend's
 # writes stall; reading resumes once the consumer drained the buffer to LOW_WATER.
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
 
 # Exchange states.
-IDLE = 0  # no exchange: parked in the pool or freshly connected
-HEADERS = 1  # request sent, waiting for the status line and headers
-BODY = 2  # headers received, body still arriving
-DONE = 3  # the whole response arrived (the consumer may still be draining the buffer)
-
-
-class BodySink(Protocol):
-    """Takes a response body as it is read (router/proxy/splice.py). A read that is not the
-    body's last may go to `record`, then — unless the time it returns is past `sample_at`, when
-    `sample` takes it instead — to `write`, and to `filled` if that said the sink is full: the
-    read callback runs them itself, a Python call fewer per read than through `relay`."""
-
-    record: Callable[[bytes], float]
-    write: Callable[[bytes, bool], bool]
-    sample_at: float
-
-    def relay(self, data: bytes, last: bool) -> bool:
-        """One read's body bytes (`last`: the body ended with them); False to stop reading
-        until the sink calls `UpstreamConnection.resume_sink`."""
-        ...
-
-    def sample(self, data: bytes, now: float) -> bool:
-        """`relay` of a read `record` timed at `now`, past `sample_at`, and not the last."""
-        ...
-
-    def filled(self) -> bool:
-        """After `write` said the sink is full: False, reading stops until it resumes."""
-        ...
-
-    def failed(self, exc: UpstreamError) -> None:
-        """The exchange failed; nothing more will come."""
-        ...
+IDLE: Final = 0  # no exchange: parked in the pool or freshly connected
+HEADERS: Final = 1  # request sent, waiting for the status line and headers
+BODY: Final = 2  # headers received, body still arriving
+DONE: Final = 3  # the whole response arrived (the consumer may still be draining the buffer)
 
 
 class UpstreamBody(asyncio.Protocol):
@@ -87,7 +63,7 @@ class UpstreamBody(asyncio.Protocol):
         self._state = IDLE
         self._last_read = 0.0  # the latest body read
         self._waiter: asyncio.Future[None] | None = None
-        self._sink: BodySink | None = None
+        self._sink: Splice | None = None
         self._paused = False
         self.closed = False
         self.idle_since = 0.0
@@ -164,7 +140,7 @@ class UpstreamBody(asyncio.Protocol):
         while self._state == BODY and not self._body:
             await self._changed()
 
-    def attach(self, sink: BodySink) -> None:
+    def attach(self, sink: Splice) -> None:
         """Hand every body byte from now on to `sink`, starting with what is already here."""
         self._sink = sink
         if self._body or self._state == DONE or self._exc is not None:

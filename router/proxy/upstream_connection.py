@@ -23,9 +23,9 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
-from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, BodySink, UpstreamBody
+from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, UpstreamBody
 
-__all__ = ["HIGH_WATER", "LOW_WATER", "BodySink", "UpstreamConnection"]
+__all__ = ["HIGH_WATER", "LOW_WATER", "UpstreamConnection"]
 
 
 class UpstreamConnection(UpstreamBody):

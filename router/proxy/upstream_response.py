@@ -7,9 +7,10 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from router.proxy.upstream_connection import BodySink, UpstreamConnection
+from router.proxy.upstream_connection import UpstreamConnection
 
 if TYPE_CHECKING:
+    from router.proxy.splice import Splice
     from router.proxy.upstream import UpstreamPool
 
 
@@ -53,7 +54,7 @@ class UpstreamResponse:
             self.release()
             raise
 
-    def attach(self, sink: BodySink) -> None:
+    def attach(self, sink: Splice) -> None:
         """Hand the body to `sink` as it is read (router/proxy/splice.py) instead of iterating."""
         conn = self._conn
         if conn is not None:

@@ -11,12 +11,12 @@ timer of its own."""
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Final, Protocol
 
 from router.asgi import Receive
 
 # A watch due this close is begun with those due now rather than under a timer of its own.
-_EARLY_S = 0.001
+_EARLY_S: Final = 0.001
 
 
 class Answerable(Protocol):

@@ -35,7 +35,7 @@ from router.auth import hash_key
 from router.config.load import parse_profile
 from router.metrics import Metrics
 from router.proxy.handler import handle
-from router.proxy.upstream_connection import BodySink
+from router.proxy.splice import Splice
 from router.runtime import Runtime, build_runtime
 
 KEY = "hotpath-key"
@@ -65,7 +65,7 @@ class _Response:
         self.headers = [(b"content-type", b"text/event-stream" if sse else b"application/json")]
         self._chunks: deque[bytes] = deque(chunks)
         self._arrived: deque[bytes] = deque()
-        self._sink: BodySink | None = None
+        self._sink: Splice | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         self.buffered = 0
@@ -106,7 +106,7 @@ class _Response:
             return data
         return None if self._chunks else b""
 
-    def attach(self, sink: BodySink) -> None:
+    def attach(self, sink: Splice) -> None:
         self._sink = sink
         if self._arrived:
             self._deliver()
