@@ -9,15 +9,17 @@ a profile is swapped."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from router.leanmetrics import CounterValue, counter, gauge, histogram
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
-_LATENCY_BUCKETS = (
+_LATENCY_BUCKETS: Final = (
     0.001,
     0.0025,
     0.005,
@@ -44,7 +46,7 @@ _LATENCY_BUCKETS = (
     60.0,
     120.0,
 )
-_ITL_BUCKETS = (
+_ITL_BUCKETS: Final = (
     0.001,
     0.0025,
     0.005,
@@ -64,7 +66,7 @@ _ITL_BUCKETS = (
     1.0,
     2.0,
 )
-_ROUTE = ("class", "lane", "pool")
+_ROUTE: Final = ("class", "lane", "pool")
 
 
 # Subclassed by a worker's registry (router/workermetrics.py), which is not compiled

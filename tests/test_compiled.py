@@ -4,6 +4,7 @@ their own whose "extension" is not loadable: importing it fails unless the sourc
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import os
 import subprocess
@@ -113,3 +114,26 @@ def test_the_request_path_runs_as_it_was_built() -> None:
 def _loaded(name: str) -> str:
     module = __import__(name, fromlist=["_"])
     return str(module.__file__)
+
+
+def _plain_constant(node: ast.stmt) -> str | None:
+    """The name `node` binds at module level when it is a constant not marked `Final`."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        name = node.targets[0].id
+        type_variable = isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "TypeVar"
+        return name if name.lstrip("_").isupper() and not type_variable else None
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        return node.target.id if "Final" not in ast.unparse(node.annotation) else None
+    return None
+
+
+def test_every_constant_of_a_compiled_module_is_final() -> None:
+    # A module-level name that is not `Final` is a dictionary lookup at every use in compiled
+    # code (docs/compiled.md, "What compiled code still pays for").
+    plain = [
+        f"{relative}:{node.lineno} {name}"
+        for relative in listed(ROOT)
+        for node in ast.parse((ROOT / relative).read_text()).body
+        if (name := _plain_constant(node)) is not None
+    ]
+    assert plain == []
