@@ -252,6 +252,13 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+async def until_exited(*pids: int, timeout: float = 30.0) -> None:
+    """Until none of `pids` runs: its sockets are closed then. Polled, as no event says it."""
+    async with asyncio.timeout(timeout):
+        while any(alive(pid) for pid in pids):
+            await asyncio.sleep(0.05)
+
+
 async def every_worker_ready(r: Router, workers: int) -> None:
     """Until each worker reports its backend up (the scrape merges every worker's metrics)."""
     async with asyncio.timeout(START_TIMEOUT_S):

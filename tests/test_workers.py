@@ -23,6 +23,7 @@ from tests.scaleout import (
     every_worker_ready,
     router,
     shaped,
+    until_exited,
     write_profile,
 )
 from tests.servers import server_group
@@ -85,11 +86,10 @@ async def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
         first = r.workers()
         assert len(first) == 2
         os.kill(first[0], signal.SIGKILL)
+        # Until it has exited, its socket still takes its share of new connections, and the
+        # kernel resets those it had queued when it goes (README, "Restarts").
+        await until_exited(first[0])
         async with asyncio.timeout(30):
-            # Until it has exited, its socket still takes its share of new connections, and
-            # the kernel resets those it had queued when it goes (README, "Restarts").
-            while alive(first[0]):
-                await asyncio.sleep(0.01)
             while len(now := r.workers()) != 2 or now == first:
                 assert await burst([r], [chat()]) == [200]  # the other worker serves meanwhile
                 await asyncio.sleep(0.1)
@@ -127,9 +127,7 @@ async def test_workers_whose_parent_died_stop_by_themselves(tmp_path: Path, back
         await every_worker_ready(r, 2)
         workers = r.workers()
         os.kill(r.proc.pid, signal.SIGKILL)
-        async with asyncio.timeout(30):
-            while any(alive(pid) for pid in workers):
-                await asyncio.sleep(0.1)
+        await until_exited(*workers)
 
 
 async def test_one_scrape_counts_every_worker_with_a_worker_label(tmp_path: Path, backend: Backend) -> None:
