@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final
 
 from router import admin
 from router.apiroutes import PROXIED, stored_route
@@ -25,9 +25,8 @@ from router.runtime import Runtime
 from router.state import RouterState
 
 Handler = Callable[[RouterState, Message, Receive, Send], Awaitable[None]]
-R = TypeVar("R")
 
-log = logging.getLogger("lane_router.app")
+log: Final = logging.getLogger("lane_router.app")
 
 
 async def _health(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
@@ -63,16 +62,16 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
 
 
 @dataclass(frozen=True, slots=True)
-class OnRuntime(Generic[R]):
+class OnRuntime:
     """A route served on the runtime current at its start, held until it ends, so a reload
     drains what the old runtime started. `LaneRouterApp` holds the runtime itself: a coroutine
     wrapping the route's would add a frame to every resume of the request."""
 
-    serve: Callable[[Runtime, R, Message, Receive, Send], Awaitable[None]]
-    route: R
+    serve: Callable[[Runtime, Any, Message, Receive, Send], Awaitable[None]]
+    route: Any  # what `serve` takes: the proxied route's API, or the stored response's route
 
 
-Route = Handler | OnRuntime[Any]
+Route = Handler | OnRuntime
 
 
 def _stored_methods(path: bytes) -> dict[str, Route] | None:
@@ -81,7 +80,7 @@ def _stored_methods(path: bytes) -> dict[str, Route] | None:
     return None if stored is None else {stored.method: OnRuntime(handle_stored, stored)}
 
 
-ROUTES: dict[bytes, dict[str, Route]] = {
+ROUTES: Final[dict[bytes, dict[str, Route]]] = {
     b"/health": {"GET": _health, "HEAD": _health},
     b"/ready": {"GET": _ready, "HEAD": _ready},
     b"/metrics": {"GET": _metrics},

@@ -8,6 +8,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
 from router.errors import Forbidden, Unauthorized
@@ -129,15 +130,32 @@ def _field_policy(profile: FieldRules, key: FieldRules | None) -> FieldPolicy:
 
 class KeyRing:
     """Finds the key a bearer token belongs to without leaking, through timing, which key
-    (or how much of one) matched: every stored digest is compared, always."""
+    (or how much of one) matched: every stored digest is compared, always.
+
+    A header that has matched, in its canonical form (`Bearer <token>`), is remembered with its
+    key, so the next request with it skips the hash and the comparisons. Only a valid token can
+    be remembered, so the lookup of any other token finds nothing and takes the full path: its
+    timing tells an attacker nothing about the valid ones (a dict compares a stored header's
+    bytes only after their keyed 64-bit hashes are equal). At most one header per key is kept,
+    and a reload builds a new ring: a key removed from the profile stops working with it."""
 
     def __init__(self, keys: tuple[ApiKey, ...]) -> None:
         self._keys = keys
+        self._matched: dict[bytes, ApiKey] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
 
+    @property
+    def remembered(self) -> int:
+        """Headers remembered with their key: never more than there are keys."""
+        return len(self._matched)
+
     def authenticate(self, authorization: bytes | None) -> ApiKey:
+        if authorization is not None:
+            matched = self._matched.get(authorization)
+            if matched is not None:
+                return matched
         token = _bearer(authorization)
         digest = hashlib.sha256(token).digest()
         found: ApiKey | None = None
@@ -146,7 +164,12 @@ class KeyRing:
                 found = key
         if found is None:
             raise Unauthorized("invalid API key", code="invalid_api_key")
+        if authorization == _CANONICAL + token:
+            self._matched[authorization] = found
         return found
+
+
+_CANONICAL: Final = b"Bearer "
 
 
 def _bearer(authorization: bytes | None) -> bytes:

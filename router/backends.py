@@ -11,20 +11,14 @@ router/fleet.py; these objects outlive a reload whenever the pool and backend st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
+from router.backendhealth import Health
 from router.balance import corrected_load
 from router.config.models import PoolConfig
 from router.membership import DiscoveryStatus
-from router.poolgate import PoolGate
+from router.poolgate import PoolGate, routable
 from router.proxy.upstream import UpstreamPool
 from router.tls.upstream import UpstreamTls
-
-
-class Health(Enum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
 
 
 def backend_label(pool: str, index: int) -> str:
@@ -147,9 +141,7 @@ class Pool:
     gate: PoolGate = field(init=False)  # built with the pool (router/runtime.py `_new_pool`)
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
-        if not exclude:
-            return [b for b in self.backends if b.health is not Health.DOWN]
-        return [b for b in self.backends if b.health is not Health.DOWN and b not in exclude]
+        return routable(self.backends, exclude)
 
     def has_healthy_backend(self) -> bool:
         return any(b.health is Health.UP for b in self.backends)

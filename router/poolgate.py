@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from router.admission import PrefillLimits, choose_backend, lane_has_room
+from router.backendhealth import Health
 from router.balance import Affinity
 from router.errors import Unavailable
 from router.slots.budget import ALONE, Share
@@ -72,6 +73,13 @@ class _Waiter:
     counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
 
 
+class Members(Protocol):
+    """What a gate reads of its pool (router/backends.py `Pool`): the backends in rotation."""
+
+    @property
+    def backends(self) -> tuple[Backend, ...]: ...
+
+
 # Subclassed by the gate that counts in Redis (router/slots/gate.py), which is not compiled
 # (docs/compiled.md).
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -82,10 +90,10 @@ class PoolGate:
     def __init__(
         self,
         limits: PrefillLimits,
-        routable: Callable[[frozenset[Backend]], list[Backend]],
+        pool: Members,
         share: Share = ALONE,
     ) -> None:
-        self._routable = routable
+        self._pool = pool
         self._queues: dict[int, deque[_Waiter]] = {}
         self._priorities: list[int] = []
         self.waiting = 0
@@ -117,8 +125,10 @@ class PoolGate:
                 if lane.in_flight >= limit:
                     return None
         # Most tickets are pinned to no backend: the routable ones are theirs.
-        routable = self._routable
-        candidates = routable(ticket.tried) if ticket.pin is None else routable_for(routable, ticket)
+        pool = self._pool
+        candidates = (
+            routable(pool.backends, ticket.tried) if ticket.pin is None else routable_for(pool, ticket)
+        )
         backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
         if backend is None:
             return None
@@ -186,7 +196,7 @@ class PoolGate:
         lane = ticket.lane
         if limits.refuses(ticket.long) or lane_limit == 0:
             raise _refused(ticket, self.whole, limits, lane_limit)
-        if not routable_for(self._routable, ticket):
+        if not routable_for(self._pool, ticket):
             raise Unavailable(
                 f"no healthy backend in pool {lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
             )
@@ -283,10 +293,20 @@ class PoolGate:
                 return
 
 
-def routable_for(routable: Callable[[frozenset[Backend]], list[Backend]], ticket: Ticket) -> list[Backend]:
+_DOWN: Final = Health.DOWN
+
+
+def routable(backends: Sequence[Backend], exclude: frozenset[Backend]) -> list[Backend]:
+    """The backends that take requests (not DOWN), but those in `exclude`."""
+    if not exclude:
+        return [b for b in backends if b.health is not _DOWN]
+    return [b for b in backends if b.health is not _DOWN and b not in exclude]
+
+
+def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:
     """The backends the ticket may be sent to now: the pool's routable ones it was not sent to,
     or only its pinned backend."""
-    found = routable(ticket.tried)
+    found = routable(pool.backends, ticket.tried)
     pin = ticket.pin
     return found if pin is None else [b for b in found if b is pin]
 

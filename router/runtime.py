@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
-from router.backends import Backend, Health, Pool, backend_label
+from router.backendhealth import Health
+from router.backends import Backend, Pool, backend_label
 from router.balance import BalanceHooks, Balancer, make_balancer
 from router.classify import ClassifyRules
 from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
@@ -93,7 +94,7 @@ class Runtime:
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     superseded: asyncio.Event = field(default_factory=asyncio.Event)  # set when a reload replaced it
-    _drained: asyncio.Event = field(default_factory=asyncio.Event)
+    _drained: asyncio.Event | None = None  # made when a drain waits: a request touches no event
     _closed: bool = False
     # Profile settings every request reads, as plain values.
     classify_rules: ClassifyRules = field(init=False)
@@ -107,11 +108,10 @@ class Runtime:
 
     def enter(self) -> None:
         self.active += 1
-        self._drained.clear()
 
     def leave(self) -> None:
         self.active -= 1
-        if self.active == 0:
+        if self.active == 0 and self._drained is not None:
             self._drained.set()
         if self.fleet.pending:
             self.fleet.sweep()  # the request may have been the last one on a draining backend
@@ -119,7 +119,8 @@ class Runtime:
     async def close_when_drained(self, timeout: float) -> None:
         try:
             if self.active:
-                await asyncio.wait_for(self._drained.wait(), timeout)
+                drained = self._drained = asyncio.Event()
+                await asyncio.wait_for(drained.wait(), timeout)
         except TimeoutError:
             pass
         finally:
@@ -338,7 +339,7 @@ def _new_pool(settings: _PoolSettings, counting: Counting) -> Pool:
         config_hash=settings.config_hash,
         tls=settings.tls,
     )
-    pool.gate = counting.gate(settings.limits, pool.routable)
+    pool.gate = counting.gate(settings.limits, pool)
     return pool
 
 

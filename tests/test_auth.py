@@ -66,6 +66,36 @@ def test_a_key_differing_in_one_character_is_refused() -> None:
         keys.authenticate(b"Bearer secret-aa")
 
 
+def test_a_matched_header_is_remembered_and_nothing_near_it_passes() -> None:
+    keys = ring(key_config("a", "secret-a"), key_config("b", "secret-b"))
+
+    assert keys.authenticate(b"Bearer secret-a").name == "a"
+    assert keys.authenticate(b"Bearer secret-a").name == "a"  # now from what the ring remembers
+    for near in (b"Bearer secret-", b"Bearer secret-aa", b"Bearer secret-A", b"Bearer secret-b2"):
+        with pytest.raises(Unauthorized):
+            keys.authenticate(near)
+    assert keys.authenticate(b"Bearer secret-b").name == "b"
+    assert keys.remembered == 2
+
+
+def test_spellings_of_a_valid_header_are_not_remembered_one_by_one() -> None:
+    keys = ring(key_config("a", "secret-a"))
+
+    for spaces in range(1, 200):  # every one valid, none canonical: a holder cannot grow the ring
+        assert keys.authenticate(b"Bearer" + b" " * (spaces + 1) + b"secret-a").name == "a"
+    assert keys.remembered == 0
+    keys.authenticate(b"Bearer secret-a")
+    assert keys.remembered == 1
+
+
+def test_a_new_ring_forgets_what_the_old_one_remembered() -> None:
+    old = ring(key_config("a", "secret-a"))
+    old.authenticate(b"Bearer secret-a")
+
+    with pytest.raises(Unauthorized):
+        ring(key_config("b", "secret-b")).authenticate(b"Bearer secret-a")
+
+
 def test_no_keys_configured_refuses_everyone() -> None:
     with pytest.raises(Unauthorized):
         KeyRing(()).authenticate(b"Bearer anything")

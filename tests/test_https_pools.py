@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from router.backends import Health
+from router.backendhealth import Health
 from router.config.load import parse_profile
 from router.server import build_state
 from router.settings import Settings

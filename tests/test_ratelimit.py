@@ -3,8 +3,12 @@ The pure limiter is checked through the memory store, which only holds its level
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.errors import RateLimited
 from router.ratelimit import (
@@ -184,3 +188,64 @@ def test_refill_is_continuous_and_capped() -> None:
     assert refill(Levels(0.0, -600.0), limits, 1.5) == Levels(1.5, -450.0)
     assert refill(Levels(0.0, 0.0), limits, 3600) == Levels(60.0, 6000.0)
     assert refill(Levels(2.0, 5.0), Limits(), 100) == Levels(2.0, 5.0)  # no limit, no refill
+
+
+# The usage report as JSON allows it, by regular expression: the scan parse_usage runs must
+# read the same number from any text.
+_REFERENCE = {
+    name: re.compile(rb'"' + name + rb'"\s*:\s*(\d+)')
+    for name in (b"total_tokens", b"prompt_tokens", b"completion_tokens")
+}
+
+
+def _reference_usage(tail: bytes) -> int | None:
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    usage = tail[at:]
+    total = _REFERENCE[b"total_tokens"].search(usage)
+    if total is not None:
+        return int(total.group(1))
+    prompt = _REFERENCE[b"prompt_tokens"].search(usage)
+    completion = _REFERENCE[b"completion_tokens"].search(usage)
+    if prompt is None or completion is None:
+        return None
+    return int(prompt.group(1)) + int(completion.group(1))
+
+
+_USAGE_PARTS = st.sampled_from(
+    [
+        b'"usage"',
+        b'"total_tokens"',
+        b'"prompt_tokens"',
+        b'"completion_tokens"',
+        b":",
+        b" ",
+        b"\t",
+        b"\n",
+        b"\x0b",
+        b"\x0c",
+        b"\r",
+        b"0",
+        b"7",
+        b"42",
+        b"-1",
+        b",",
+        b"{",
+        b"}",
+        b"null",
+        b'"',
+    ]
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.one_of(_USAGE_PARTS, st.binary(max_size=3)), max_size=24).map(b"".join))
+def test_usage_is_read_as_the_json_grammar_reads_it(tail: bytes) -> None:
+    assert parse_usage(tail) == _reference_usage(tail)
+
+
+def test_usage_with_whitespace_around_the_colon_and_a_false_start() -> None:
+    body = b'{"usage": {"total_tokens" x, "prompt_tokens" :\n 3, "completion_tokens"\t:9}}'
+    assert parse_usage(body) == 12
+    assert parse_usage(b'"usage" "total_tokens": , "total_tokens" : 5') == 5

@@ -18,12 +18,15 @@ _CHUNKED_LINE: Final = b"transfer-encoding: chunked\r\n"
 _CLOSE_LINE: Final = b"connection: close\r\n"
 _KEEP_ALIVE_LINE: Final = b"connection: keep-alive\r\n"
 _EVENT_STREAM: Final = b"text/event-stream"
-# The app's headers the server looks at (all others pass as they are), and their name lengths:
-# a name of another length is passed on without being lowered first.
+# The app's headers the server looks at (all others pass as they are). A name that does not
+# begin with the first letter of one of them (c, d or t, either case) is passed on without being
+# lowered first: most of an answer's headers are x-….
 _SERVER_READS: Final = frozenset(
     (b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date")
 )
-_READ_SIZES: Final = frozenset(len(name) for name in _SERVER_READS)
+_LOWER_C: Final = 99
+_LOWER_D: Final = 100
+_LOWER_T: Final = 116
 
 
 # (head, framing, content length or -1, keep-alive, is an event stream): a plain tuple, as one is
@@ -51,7 +54,8 @@ def plan_response(
     event_stream = False
     dated = False
     for name, value in headers:
-        if len(name) in _READ_SIZES and (low := name.lower()) in _SERVER_READS:
+        first = name[0] | 32 if name else 0
+        if first in (_LOWER_C, _LOWER_D, _LOWER_T) and (low := name.lower()) in _SERVER_READS:
             if low == b"content-length":
                 if not value.isdigit():
                     raise RuntimeError(f"invalid content-length {value!r}")
@@ -86,9 +90,10 @@ def plan_response(
     parts.append(CRLF)
     head = b"".join(parts)
     # The server's own parts each end in one CRLF, as does each header: any other CR or LF came
-    # from a header name or value, and would let it inject headers or a second response.
+    # from a header name or value, and would let it inject headers or a second response. One
+    # pass counts both: the head holds two per line ending, and more only with a stray one.
     endings = len(parts) - 3 * written
-    if head.count(b"\n") != endings or head.count(b"\r") != endings:
+    if len(head) - len(head.translate(None, b"\r\n")) != 2 * endings:
         raise RuntimeError("response header names and values must not contain CR or LF")
     return head, framing, length if framing == LENGTH else -1, keep_alive, event_stream
 

@@ -3,20 +3,19 @@ with `state:`, the store that shares the counts through Redis (router/slots/stor
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from router.admission import PrefillLimits
 from router.config.models import ProfileConfig
-from router.poolgate import PoolGate
+from router.poolgate import Members, PoolGate
 from router.sharedstate import SharedState
 from router.slots.budget import ALONE, Share
 from router.slots.gate import SharedPoolGate
 from router.slots.store import SlotStore
 
 if TYPE_CHECKING:
-    from router.runtime import Backend
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +23,11 @@ class Counting:
     share: Share = ALONE
     store: SlotStore | None = None
 
-    def gate(
-        self, limits: PrefillLimits, routable: Callable[[frozenset[Backend]], list[Backend]]
-    ) -> PoolGate:
+    def gate(self, limits: PrefillLimits, pool: Members) -> PoolGate:
         """A new pool's gate: counting in Redis with `state:`, else in this process alone."""
         if self.store is None:
-            return PoolGate(limits, routable, self.share)
-        return SharedPoolGate(limits, routable, self.share, self.store)
+            return PoolGate(limits, pool, self.share)
+        return SharedPoolGate(limits, pool, self.share, self.store)
 
     def configure(self, gate: PoolGate, limits: PrefillLimits) -> None:
         """A kept pool's gate, given the reloaded profile's limits and share. Whether a gate

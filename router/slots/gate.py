@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from router.admission import PrefillLimits, choose_backend
 from router.balance import corrected_load
-from router.poolgate import PoolGate, Ticket, _Waiter, charge, routable_for
+from router.poolgate import Members, PoolGate, Ticket, _Waiter, charge, routable_for
 from router.slots.arithmetic import LANE_FULL, NO_ROOM, SlotCounts, TakeRule
 from router.slots.budget import Share
 from router.slots.store import Change, SlotStore, TakeAnswer, limit_arg
@@ -65,11 +65,11 @@ class SharedPoolGate(PoolGate):
     def __init__(
         self,
         limits: PrefillLimits,
-        routable: Callable[[frozenset[Backend]], list[Backend]],
+        pool: Members,
         share: Share,
         store: SlotStore,
     ) -> None:
-        super().__init__(limits, routable, share)
+        super().__init__(limits, pool, share)
         self._seen: weakref.WeakKeyDictionary[Backend, SlotCounts] = weakref.WeakKeyDictionary()
         self._backends: weakref.WeakSet[Backend] = weakref.WeakSet()
         self._lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
@@ -127,7 +127,7 @@ class SharedPoolGate(PoolGate):
         return TakeRule(not ticket.holds_lane, lane.config.max_in_flight, ticket.long, self.whole)
 
     def _order(self, ticket: Ticket) -> list[Backend]:
-        seen = [self._view(b) for b in routable_for(self._routable, ticket)]
+        seen = [self._view(b) for b in routable_for(self._pool, ticket)]
         if not seen:
             return []
         lane = ticket.lane

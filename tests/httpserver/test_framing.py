@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -51,6 +52,22 @@ def test_bodiless_answers_are_not_framed(status: int, head_request: bool) -> Non
     assert b"transfer-encoding" not in result.head
 
 
+@pytest.mark.parametrize("spell", [bytes.lower, bytes.upper, bytes.title])
+def test_the_headers_the_server_reads_are_read_in_any_case(spell: Callable[[bytes], bytes]) -> None:
+    result = plan(
+        headers=[
+            (b"", b"nameless"),  # passed on as given: the server does not judge names
+            (spell(b"content-length"), b"7"),
+            (spell(b"transfer-encoding"), b"chunked"),
+            (spell(b"connection"), b"close"),
+            (spell(b"date"), b"then"),
+            (spell(b"content-type"), b"text/event-stream"),
+        ]
+    )
+    assert (result.framing, result.length, result.keep_alive, result.event_stream) == (LENGTH, 7, False, True)
+    assert b"chunked" not in result.head and result.head.lower().count(b"date:") == 1
+
+
 def test_the_server_owns_framing_and_connection_headers() -> None:
     result = plan(headers=[(b"transfer-encoding", b"gzip"), (b"Connection", b"close"), (b"date", b"then")])
     assert b"gzip" not in result.head
@@ -60,7 +77,15 @@ def test_the_server_owns_framing_and_connection_headers() -> None:
 
 @pytest.mark.parametrize(
     "header",
-    [(b"x-bad", b"a\r\nset-cookie: evil"), (b"x-bad\r\nx-injected", b"v"), (b"x-bad", b"a\nb")],
+    [
+        (b"x-bad", b"a\r\nset-cookie: evil"),
+        (b"x-bad\r\nx-injected", b"v"),
+        (b"x-bad", b"a\nb"),
+        (b"x-bad", b"a\rb"),
+        (b"x-bad", b"\n\r"),
+        (b"content-type\r", b"text/plain"),
+        (b"\n", b"v"),
+    ],
 )
 def test_cr_or_lf_in_a_header_is_refused(header: tuple[bytes, bytes]) -> None:
     with pytest.raises(RuntimeError, match="CR or LF"):
