@@ -54,7 +54,7 @@ class UsageTail:
 
 
 class ChunkLog:
-    __slots__ = ("_gate", "_observe_gap", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last", "timing")
+    __slots__ = ("_gaps", "_gate", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last", "timing")
 
     def __init__(self, ex: Exchange, is_sse: bool) -> None:
         self.ex = ex
@@ -64,7 +64,7 @@ class ChunkLog:
         self.timing = False
         self._gate = ex.lane.pool.gate
         self._ticket = ex.ticket
-        self._observe_gap = ex.observe_gap
+        self._gaps = ex.gaps
         self._tail = ex.usage_tail
         self._on_chunk = ex.on_chunk
 
@@ -73,7 +73,7 @@ class ChunkLog:
         now = _monotonic()
         ex = self.ex
         if self.timing:
-            self._observe_gap(now - self.last)
+            self._gaps.observe(now - self.last)
         elif ex.first_byte_at is None:
             self.first_byte(now)
         self.last = now

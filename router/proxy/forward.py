@@ -26,6 +26,7 @@ from router.errors import (
     UpstreamConnectError,
     UpstreamError,
 )
+from router.leanmetrics import HistogramValue
 from router.poolgate import PoolGate, Ticket
 from router.proxy.chunklog import UsageTail
 from router.proxy.upstream_response import UpstreamResponse
@@ -53,9 +54,9 @@ class Exchange:
         "client",
         "content_type",
         "first_byte_at",
+        "gaps",
         "lane",
         "method",
-        "observe_gap",
         "on_chunk",
         "prompt_tokens",
         "record",
@@ -82,7 +83,7 @@ class Exchange:
         ticket: Ticket,
         started: float,
         response_headers: list[tuple[bytes, bytes]],
-        observe_gap: Callable[[float], None],
+        gaps: HistogramValue,
         record: RequestRecord,
         stream: bool = True,
         prompt_tokens: int = 0,
@@ -100,7 +101,7 @@ class Exchange:
         self.ticket = ticket
         self.started = started
         self.response_headers = response_headers
-        self.observe_gap = observe_gap
+        self.gaps = gaps  # the stream's token gaps (its route's inter-token latency)
         self.record = record  # what the observers read at the end (router/requestrecord.py)
         self.stream = stream
         self.prompt_tokens = prompt_tokens

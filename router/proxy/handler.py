@@ -185,7 +185,7 @@ async def _handle(
         ticket,
         rec.started,
         extra,
-        rm.itl.observe,
+        rm.itl,
         rec,
         facts.stream,
         facts.prompt_tokens,

@@ -93,8 +93,9 @@ def head_with_fields(
 def _checked(head: bytes, lines: int, line_start: int) -> bytes:
     """`head` if its only CR/LF are the ends of its `lines` lines (request line and blank line
     included) and its request line's first `line_start` + 2 bytes hold exactly its two spaces."""
-    spaces = head.count(b" ", 0, line_start + 2)
-    if head.count(b"\n") != lines or head.count(b"\r") != lines or spaces != 2:
+    # One pass counts CR and LF together: two per line end, and more only with a stray one.
+    breaks = len(head) - len(head.translate(None, b"\r\n"))
+    if breaks != 2 * lines or head.count(b" ", 0, line_start + 2) != 2:
         raise ValueError("CR, LF or space inside the request line or a header field")
     return head
 

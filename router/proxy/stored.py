@@ -63,7 +63,7 @@ async def _stored(
         ticket=Ticket(lane=lane, long=False, affinity=None, pin=found.backend),
         started=rec.started,
         response_headers=[(b"x-request-id", rid)],
-        observe_gap=rm.itl.observe,
+        gaps=rm.itl,
         record=rec,
         stream=stream,
         client=(key.name, headers.client_id, None),

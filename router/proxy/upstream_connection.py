@@ -16,20 +16,29 @@ only, and past a limit the connection is aborted before more of it is buffered.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
+from typing import Final
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
+from router.proxy.chunks import whole_chunks
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
 from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, UpstreamBody
 
 __all__ = ["HIGH_WATER", "LOW_WATER", "UpstreamConnection"]
 
+_CRLF: Final = b"\r\n"
+
 
 class UpstreamConnection(UpstreamBody):
     __slots__ = (
+        "_at_chunk_start",
+        "_chunk_ends",
+        "_chunk_starts",
+        "_chunked",
         "_framing_bytes",
         "_head_bytes",
         "_head_request",
@@ -38,11 +47,14 @@ class UpstreamConnection(UpstreamBody):
         "_label",
         "_new_parser_needed",
         "_on_closed",
+        "_open_chunks",
         "_parser",
         "got_bytes",
         "headers",
         "in_pool",
         "on_body",
+        "on_chunk_complete",
+        "on_chunk_header",
         "status",
     )
 
@@ -59,6 +71,13 @@ class UpstreamConnection(UpstreamBody):
         # The parser's body callback is a bare list append: no Python call per body piece. The
         # pieces are taken after each feed and at each message boundary (`_collect`).
         self.on_body = self._pieces.append
+        # Chunk starts and ends, counted the same way: C calls, no Python call per chunk. Where
+        # as many have ended as started, the parser is between chunks (`_parsed_to_chunk_start`).
+        self._chunk_starts = itertools.count()
+        self._chunk_ends = itertools.count()
+        self.on_chunk_header = self._chunk_starts.__next__
+        self.on_chunk_complete = self._chunk_ends.__next__
+        self._open_chunks = 0
         self._parser = HttpResponseParser(self)
         self._new_parser_needed = False
         self.in_pool = False
@@ -71,6 +90,10 @@ class UpstreamConnection(UpstreamBody):
         self._framing_bytes = 0
         self.status = 0
         self.got_bytes = False  # a byte of the response arrived
+        # The response's last transfer coding is chunked, and the parser is known to stand at
+        # the start of a chunk: a read of whole chunks is taken without it (router/proxy/chunks.py).
+        self._chunked = False
+        self._at_chunk_start = False
 
     # -- used by the pool and the response -------------------------------------------------
 
@@ -89,6 +112,8 @@ class UpstreamConnection(UpstreamBody):
         self._framing_bytes = 0
         self.status = 0
         self.got_bytes = False
+        self._chunked = self._at_chunk_start = False
+        self._open_chunks = self._unfinished_chunks()
         self._state = HEADERS
         self._head_since = now = self._loop.time()
         self._timer.arm_by(now + self._limits.head_timeout)  # BEFORE_HEAD's deadline
@@ -125,26 +150,24 @@ class UpstreamConnection(UpstreamBody):
             # A stream's every read comes here: the parser is fed inline (not through `_feed`).
             self._last_read = self._loop.time()
             before = self._buffered
-            try:
-                self._parser.feed_data(data)
-            except (HttpParserError, HttpParserUpgrade) as exc:
-                self._collect()
-                self._parse_failed(exc)
-            pieces = self._pieces
-            if len(pieces) == 1 and self._state == BODY and self._exc is None and not self._body:
-                # A paced stream's read: one piece, and the body goes on. Handed to the sink
-                # here, without passing through the buffer, and its `relay` run inline.
-                sink = self._sink
-                if sink is not None and pieces[0]:
-                    self._framing_bytes = 0
-                    piece = pieces.pop()
-                    now = sink.record(piece)
-                    if now >= sink.sample_at:
-                        if not sink.sample(piece, now):
-                            self._sink_full()
-                    elif sink.write(piece, False):
-                        sink.filled()
-                        self._sink_full()
+            chunks = whole_chunks(data) if self._at_chunk_start else None
+            if chunks is not None:
+                # What the parser would have made of the read; a paced stream's one chunk goes
+                # straight to the sink.
+                if len(chunks) == 1 and self._paced(chunks[0]):
+                    self._relay(chunks[0])
+                    return
+                self._pieces.extend(chunks)
+            else:
+                try:
+                    self._parser.feed_data(data)
+                except (HttpParserError, HttpParserUpgrade) as exc:
+                    self._collect()
+                    self._parse_failed(exc)
+                self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(data)
+                pieces = self._pieces
+                if len(pieces) == 1 and self._state == BODY and self._paced(pieces[0]):
+                    self._relay(pieces.pop())
                     return
             self._body_read(before, len(data))
         elif state == HEADERS:
@@ -154,6 +177,25 @@ class UpstreamConnection(UpstreamBody):
             self._keep_alive = False
             if state == IDLE:
                 self.abort()
+
+    def _paced(self, piece: bytes) -> bool:
+        """Whether a read that made one piece, the body going on, is a paced stream's: one for
+        the sink, with nothing buffered before it."""
+        return self._sink is not None and bool(piece) and self._exc is None and not self._body
+
+    def _relay(self, piece: bytes) -> None:
+        """A paced stream's read handed to the sink here, without passing through the buffer,
+        its `relay` run inline."""
+        sink = self._sink
+        assert sink is not None
+        self._framing_bytes = 0
+        now = sink.record(piece)
+        if now >= sink.sample_at:
+            if not sink.sample(piece, now):
+                self._sink_full()
+        elif sink.write(piece, False):
+            sink.filled()
+            self._sink_full()
 
     def _body_read(self, before: int, size: int) -> None:
         """A read inside the body, but not a paced stream's: `before` was buffered before it."""
@@ -184,6 +226,8 @@ class UpstreamConnection(UpstreamBody):
                 self._parse_failed(exc)
             if self._pieces:
                 self._collect()
+            if self._chunked and self._state == BODY:
+                self._at_chunk_start = self._parsed_to_chunk_start(data)
         else:
             view = memoryview(data)
             self._head_bytes = limits.max_head_bytes
@@ -197,6 +241,17 @@ class UpstreamConnection(UpstreamBody):
             # The head did not arrive whole with its first byte: the rest of it is timed now. A
             # head that did (nearly every one) leaves the timer alone: no re-arm per exchange.
             self._timer.arm_by(limits.deadline(IN_HEAD, self._head_since))
+
+    def _unfinished_chunks(self) -> int:
+        # Reading a count moves it on: both are read together, so their difference holds.
+        return next(self._chunk_starts) - next(self._chunk_ends)
+
+    def _parsed_to_chunk_start(self, data: bytes) -> bool:
+        """Whether the parser, having read `data` into a chunked body, stands at a chunk's
+        start: every chunk begun has ended, and the read did not stop inside a size line (one
+        that ended with its CRLF would have begun a chunk)."""
+        unfinished = self._unfinished_chunks()
+        return self._exc is None and unfinished == self._open_chunks and data.endswith(_CRLF)
 
     def _framing_received(self, size: int) -> None:
         """Bytes after the head that carried no body: chunk sizes, extensions and trailers. The
@@ -255,6 +310,10 @@ class UpstreamConnection(UpstreamBody):
             return
         headers = self.headers
         headers.append((name, value))
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            # The last field decides, as the last coding does for the parser; anything but a
+            # plain `chunked` leaves the body to the parser alone.
+            self._chunked = value.lower() == b"chunked"
         if len(headers) > self._limits.max_headers:
             err = UpstreamProtocolError(
                 f"{self._label}: more than {self._limits.max_headers} response header fields"

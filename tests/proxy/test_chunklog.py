@@ -35,7 +35,7 @@ def exchange(gaps: HistogramValue, tail: UsageTail | None) -> Exchange:
         ticket=ticket,
         started=0.0,
         response_headers=[],
-        observe_gap=gaps.observe,
+        gaps=gaps,
         record=rec,
         usage_tail=tail,
     )

@@ -70,6 +70,8 @@ def test_build_head_keeps_caller_host_and_length() -> None:
         (b"/", [(b"x", b"a\r\nevil: 1")], 0),
         (b"/", [(b"x", b"a\nb")], 0),
         (b"/", [(b"x\r", b"a")], 0),
+        (b"/", [(b"x", b"a\rb")], 0),
+        (b"/", [(b"x", b"\n\r")], 0),
         (b"/ HTTP/1.0\r\n", [], 0),
         (b"/a b", [], 0),
         (b"/", [(b"Content-Length", b"5")], 3),

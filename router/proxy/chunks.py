@@ -1,0 +1,60 @@
+"""Whole chunks of a chunked response body, read without the HTTP parser.
+
+A paced stream (vLLM's, one token per event) arrives one chunk per read: a size line, the
+event, CRLF. When the parser stands at the start of a chunk and a read holds nothing but whole
+chunks, their payloads are taken here and the parser never sees the read, which leaves it where
+it was: at the start of the next chunk. Anything else (a chunk cut by the read, the last chunk,
+an extension, a size of more than 8 hex digits, a missing CRLF) is the parser's, from that same
+start, so what this accepts is exactly what the parser would have made of it and no framing
+error can pass it (router/proxy/upstream_connection.py; tests/proxy/test_chunks.py compares the
+two on generated reads)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+_CR: Final = 13
+_LF: Final = 10
+_MAX_SIZE_DIGITS: Final = 8  # 4 GiB less one: no read comes near it, and no overflow to check
+
+
+def whole_chunks(data: bytes) -> list[bytes] | None:
+    """The payloads of `data` if it is one or more whole chunks, none the last; else None."""
+    end = len(data)
+    pieces: list[bytes] = []
+    at = 0
+    while at < end:
+        start, size = _size_line(data, at, end)
+        stop = start + size
+        if size <= 0 or stop + 2 > end or data[stop] != _CR or data[stop + 1] != _LF:
+            return None
+        pieces.append(data[start:stop])
+        at = stop + 2
+    return pieces or None
+
+
+def _size_line(data: bytes, at: int, end: int) -> tuple[int, int]:
+    """Where a chunk's payload starts and its size, for the size line at `at`: a size of -1
+    when the line is not 1 to 8 hex digits and CRLF."""
+    size = 0
+    i = at
+    limit = min(at + _MAX_SIZE_DIGITS, end)
+    while i < limit:
+        digit = _hex_value(data[i])
+        if digit < 0:
+            break
+        size = size * 16 + digit
+        i += 1
+    if i == at or i + 1 >= end or data[i] != _CR or data[i + 1] != _LF:
+        return at, -1
+    return i + 2, size
+
+
+def _hex_value(byte: int) -> int:
+    if 48 <= byte <= 57:  # 0-9
+        return byte - 48
+    if 97 <= byte <= 102:  # a-f
+        return byte - 87
+    if 65 <= byte <= 70:  # A-F
+        return byte - 55
+    return -1
