@@ -28,6 +28,13 @@ class BodyWriter(Protocol):
         is full, until `when_writable` calls back."""
         ...
 
+    def write_chunks(self, framed: bytes, body: bytes) -> bool:
+        """`write_body(body, False)` for a part the caller also holds framed as whole chunks of
+        a chunked body (`framed`: each a size line of hex digits, its bytes and CRLF, none the
+        last; `body`, their bytes). A chunked response takes `framed` as it is, without framing
+        it again; any other writes `body`."""
+        ...
+
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the client's transport takes writes again (at once if it does)."""
         ...

@@ -196,6 +196,13 @@ class Exchange:
             return False
         return self._conn.write_paused
 
+    def write_chunks(self, framed: bytes, body: bytes) -> bool:
+        """`BodyWriter` (router/asgi.py): a paced stream's read as its backend framed it."""
+        if self._framing == CHUNKED and self.state == STARTED and not self._gone:
+            self.transport.write(framed)
+            return self._conn.write_paused
+        return self.write_body(body, False)
+
     def when_writable(self, callback: Callable[[], None]) -> None:
         self._conn.when_writable(callback)
 

@@ -68,6 +68,11 @@ class Splice:
         """Write a read to the client; True while its transport is full."""
         return self._writer.write_body(data, last)
 
+    def write_framed(self, framed: bytes, data: bytes) -> bool:
+        """`write` of a read that is whole chunks as the backend framed them (`framed`; `data`,
+        their bytes): a chunked response passes them on without framing them again."""
+        return self._writer.write_chunks(framed, data)
+
     def relay(self, data: bytes, last: bool) -> bool:
         if data:
             now = self.record(data)

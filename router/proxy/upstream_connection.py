@@ -155,7 +155,7 @@ class UpstreamConnection(UpstreamBody):
                 # What the parser would have made of the read; a paced stream's one chunk goes
                 # straight to the sink.
                 if len(chunks) == 1 and self._paced(chunks[0]):
-                    self._relay(chunks[0])
+                    self._relay(chunks[0], data)  # checked framing, passed on as it came
                     return
                 self._pieces.extend(chunks)
             else:
@@ -167,7 +167,7 @@ class UpstreamConnection(UpstreamBody):
                 self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(data)
                 pieces = self._pieces
                 if len(pieces) == 1 and self._state == BODY and self._paced(pieces[0]):
-                    self._relay(pieces.pop())
+                    self._relay(pieces.pop(), None)
                     return
             self._body_read(before, len(data))
         elif state == HEADERS:
@@ -183,9 +183,9 @@ class UpstreamConnection(UpstreamBody):
         the sink, with nothing buffered before it."""
         return self._sink is not None and bool(piece) and self._exc is None and not self._body
 
-    def _relay(self, piece: bytes) -> None:
+    def _relay(self, piece: bytes, framed: bytes | None) -> None:
         """A paced stream's read handed to the sink here, without passing through the buffer,
-        its `relay` run inline."""
+        its `relay` run inline; `framed`, the read itself when it was the piece's whole chunk."""
         sink = self._sink
         assert sink is not None
         self._framing_bytes = 0
@@ -193,7 +193,7 @@ class UpstreamConnection(UpstreamBody):
         if now >= sink.sample_at:
             if not sink.sample(piece, now):
                 self._sink_full()
-        elif sink.write(piece, False):
+        elif sink.write(piece, False) if framed is None else sink.write_framed(framed, piece):
             sink.filled()
             self._sink_full()
 

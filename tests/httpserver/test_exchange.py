@@ -245,6 +245,33 @@ async def test_a_whole_response_through_the_body_writer_is_what_start_and_body_w
     assert "date" in answered.headers
 
 
+@pytest.mark.parametrize(
+    ("request_head", "framing"),
+    [
+        (request("GET", "/framed"), b"A\r\n0123456789\r\n0\r\n\r\n"),
+        (request("GET", "/framed", version="1.0"), b""),
+    ],
+    ids=["chunked", "until-close"],
+)
+async def test_chunks_framed_by_the_caller_go_out_as_they_are_only_on_a_chunked_response(
+    request_head: bytes, framing: bytes
+) -> None:
+    async def framed(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = body_writer(scope)
+        assert writer is not None
+        headers = [(b"content-type", b"text/plain")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        writer.write_chunks(b"A\r\n0123456789\r\n", b"0123456789")
+        writer.write_body(b"", True)
+
+    async with serving(Scripted({"/framed": framed})) as server:
+        client = await Raw.open(server.port)
+        client.send(request_head)
+        resp = await client.response()
+        client.close()
+    assert (resp.status, resp.body, resp.framing) == (200, b"0123456789", framing)
+
+
 async def test_a_whole_response_with_an_injected_line_is_a_500_and_none_of_it_is_sent() -> None:
     async def inject(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         writer = body_writer(scope)

@@ -276,3 +276,35 @@ async def test_idle_upstream_connections_are_closed_before_the_keepalive_expires
         await wait_until(lambda: bool(closed), "the backend to see its idle connection closed", 3)
     assert resp.status_code == 200
     assert 0.4 - 0.05 <= closed[0] - answered[0] < 0.4 + 0.5
+
+
+async def test_a_paced_streams_chunks_reach_the_client_as_its_backend_spelled_them() -> None:
+    """A paced read of one whole chunk is passed on as it came: every valid spelling of its size
+    (upper or lower case hex, leading zeros) must still frame it right for the client."""
+    events = [b"data: %d\n\n" % i for i in (1, 10, 11, 12, 13, 100)]
+    sizes = [b"9", b"A", b"a", b"0000000a", b"0A", b"b"]
+    chunks = [size + b"\r\n" + event + b"\r\n" for size, event in zip(sizes, events, strict=True)]
+    acks: asyncio.Queue[None] = asyncio.Queue()
+
+    async def lockstep(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(_head(b"200 OK", b"Content-Type: text/event-stream", b"Transfer-Encoding: chunked"))
+        for chunk in [*chunks, b"0\r\n\r\n"]:
+            await acks.get()  # the client has the last one: this chunk reaches the router alone
+            writer.write(chunk)
+            await writer.drain()
+        return True
+
+    got: list[str] = []
+    stream = {"json": STREAM, "headers": auth("user")}
+    async with (
+        hostile(lockstep) as (stack, _),
+        stack.client() as client,
+        client.stream("POST", "/v1/chat/completions", **stream) as resp,
+    ):
+        assert resp.status_code == 200
+        acks.put_nowait(None)
+        async for line in resp.aiter_lines():
+            if line:
+                got.append(line)
+                acks.put_nowait(None)
+    assert got == [e.decode().strip() for e in events]
