@@ -1,13 +1,13 @@
 """Whole chunks of a chunked response body, read without the HTTP parser.
 
 A paced stream (vLLM's, one token per event) arrives one chunk per read: a size line, the
-event, CRLF. When the parser stands at the start of a chunk and a read holds nothing but whole
-chunks, their payloads are taken here and the parser never sees the read, which leaves it where
-it was: at the start of the next chunk. Anything else (a chunk cut by the read, the last chunk,
-an extension, a size of more than 8 hex digits, a missing CRLF) is the parser's, from that same
-start, so what this accepts is exactly what the parser would have made of it and no framing
-error can pass it (router/proxy/upstream_connection.py; tests/proxy/test_chunks.py compares the
-two on generated reads)."""
+event, CRLF. When the parser stands at the start of a chunk, the whole chunks a read begins with
+are taken here and the parser never sees them, which leaves it where it was: at the start of the
+next chunk. What follows them (a chunk cut by the read, the last chunk, an extension, a size of
+more than 8 hex digits, a missing CRLF) is the parser's, from that start, so what this takes is
+exactly what the parser would have made of it and no framing error can pass it
+(router/proxy/upstream_connection.py; tests/proxy/test_chunks.py compares the two on generated
+reads and read splits)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ _LF: Final = 10
 _MAX_SIZE_DIGITS: Final = 8  # 4 GiB less one: no read comes near it, and no overflow to check
 
 
-def whole_chunks(data: bytes) -> list[bytes] | None:
-    """The payloads of `data` if it is one or more whole chunks, none the last; else None."""
+def whole_chunks(data: bytes) -> tuple[list[bytes], int]:
+    """The payloads of the whole chunks `data` begins with, none the last, and where the first
+    byte they leave is (`len(data)` when they are all of it)."""
     end = len(data)
     pieces: list[bytes] = []
     at = 0
@@ -27,10 +28,10 @@ def whole_chunks(data: bytes) -> list[bytes] | None:
         start, size = _size_line(data, at, end)
         stop = start + size
         if size <= 0 or stop + 2 > end or data[stop] != _CR or data[stop + 1] != _LF:
-            return None
+            break
         pieces.append(data[start:stop])
         at = stop + 2
-    return pieces or None
+    return pieces, at
 
 
 def _size_line(data: bytes, at: int, end: int) -> tuple[int, int]:

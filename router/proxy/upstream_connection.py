@@ -150,21 +150,24 @@ class UpstreamConnection(UpstreamBody):
             # A stream's every read comes here: the parser is fed inline (not through `_feed`).
             self._last_read = self._loop.time()
             before = self._buffered
-            chunks = whole_chunks(data) if self._at_chunk_start else None
-            if chunks is not None:
-                # What the parser would have made of the read; a paced stream's one chunk goes
-                # straight to the sink.
-                if len(chunks) == 1 and self._paced(chunks[0]):
+            rest = data
+            if self._at_chunk_start:
+                # The whole chunks the read begins with, as the parser would have read them; a
+                # paced stream's one chunk goes straight to the sink.
+                chunks, taken = whole_chunks(data)
+                if taken == len(data) and len(chunks) == 1 and self._paced(chunks[0]):
                     self._relay(chunks[0], data)  # checked framing, passed on as it came
                     return
                 self._pieces.extend(chunks)
-            else:
+                rest = data[taken:] if taken else data
+            if rest:
+                # The parser reads the rest, from the start of a chunk or wherever it stood.
                 try:
-                    self._parser.feed_data(data)
+                    self._parser.feed_data(rest)
                 except (HttpParserError, HttpParserUpgrade) as exc:
                     self._collect()
                     self._parse_failed(exc)
-                self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(data)
+                self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(rest)
                 pieces = self._pieces
                 if len(pieces) == 1 and self._state == BODY and self._paced(pieces[0]):
                     self._relay(pieces.pop(), None)

@@ -63,7 +63,7 @@ def _parser_reads(data: bytes) -> tuple[bytes, bool] | None:
     ],
 )
 def test_whole_chunks_are_taken(data: bytes, pieces: list[bytes]) -> None:
-    assert whole_chunks(data) == pieces
+    assert whole_chunks(data) == (pieces, len(data))
     assert _parser_reads(data) == (b"".join(pieces), True)
 
 
@@ -90,7 +90,10 @@ def test_whole_chunks_are_taken(data: bytes, pieces: list[bytes]) -> None:
     ],
 )
 def test_anything_else_is_left_to_the_parser(data: bytes) -> None:
-    assert whole_chunks(data) is None
+    pieces, taken = whole_chunks(data)
+    assert taken < len(data) or not data
+    if taken:  # the whole chunks before it are taken, and the parser starts after them
+        assert _parser_reads(data[:taken]) == (b"".join(pieces), True)
 
 
 _CHUNK = st.binary(min_size=1, max_size=40).map(lambda p: b"%x\r\n%b\r\n" % (len(p), p))
@@ -117,16 +120,16 @@ def _near_chunk(draw: st.DrawFn) -> bytes:
 )
 def test_what_is_taken_is_what_the_parser_reads(data: bytes, cut: int) -> None:
     for read in (data, data[:cut], data[cut:]):
-        pieces = whole_chunks(read)
-        if pieces is not None:
-            assert _parser_reads(read) == (b"".join(pieces), True)
+        pieces, taken = whole_chunks(read)
+        assert _parser_reads(read[:taken]) == (b"".join(pieces), True)
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.lists(_CHUNK, min_size=1, max_size=8))
 def test_every_run_of_whole_chunks_is_taken(chunks: list[bytes]) -> None:
-    pieces = whole_chunks(b"".join(chunks))
-    assert pieces is not None and len(pieces) == len(chunks)
+    data = b"".join(chunks)
+    pieces, taken = whole_chunks(data)
+    assert (len(pieces), taken) == (len(chunks), len(data))
 
 
 def _lockstep(chunks: list[bytes], acks: asyncio.Queue[None]) -> Handler:
