@@ -23,17 +23,18 @@ from tests.proxy.rawserver import Handler, RawServer, ServeFn
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-class _Parsed:
-    """What httptools makes of a chunked body fed after HEAD."""
+class _Reading:
+    """What httptools makes of a response, up to the end of its message: bytes after it are a
+    second response nobody asked for, which the connection does not read."""
 
     def __init__(self) -> None:
         self.body = bytearray()
         self.complete = False
         self.parser = HttpResponseParser(self)
-        self.parser.feed_data(HEAD)
 
     def on_body(self, body: bytes) -> None:
-        self.body += body
+        if not self.complete:
+            self.body += body
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -42,9 +43,9 @@ class _Parsed:
 def _parser_reads(data: bytes) -> tuple[bytes, bool] | None:
     """The body the parser reads from `data`, and whether it then stands at a chunk's start (the
     last chunk that follows ends the message with nothing more); None if it fails."""
-    parsed = _Parsed()
+    parsed = _Reading()
     try:
-        parsed.parser.feed_data(data)
+        parsed.parser.feed_data(HEAD + data)
         body, complete = bytes(parsed.body), parsed.complete
         parsed.parser.feed_data(b"0\r\n\r\n")
     except HttpParserError:
@@ -230,26 +231,11 @@ def _connection_reads(reads: list[bytes]) -> tuple[bytes, bool, bool]:
         loop.close()
 
 
-class _Whole:
-    """What httptools makes of a response fed in one piece, up to the end of its message: bytes
-    after it are a second response nobody asked for, which the connection does not read."""
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.complete = False
-
-    def on_body(self, body: bytes) -> None:
-        if not self.complete:
-            self.body += body
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-
 def _parsed_whole(response: bytes) -> tuple[bytes, bool, bool]:
-    whole = _Whole()
+    """What httptools makes of the response fed in one piece."""
+    whole = _Reading()
     try:
-        HttpResponseParser(whole).feed_data(response)
+        whole.parser.feed_data(response)
     except HttpParserError:
         return bytes(whole.body), whole.complete, not whole.complete
     return bytes(whole.body), whole.complete, False
