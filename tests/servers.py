@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 
 from router.httpserver import HttpServer, ServerConfig
+from router.lab.procs import free_ports
 from router.server import make_app, server_config
 from router.settings import Settings
 from router.state import RouterState
@@ -21,10 +21,7 @@ GRACE_S = 2.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 class ServerGroup:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -49,13 +49,22 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         proc.wait()
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports free at the time of asking (all held open while choosing)."""
-    socks = [socket.socket() for _ in range(n)]
+def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
+    """`n` distinct loopback ports, free at the time of asking and none of `avoid`: the ports of
+    servers chosen earlier that may not have bound theirs yet (the kernel hands a port out again
+    as soon as it is released, so two separate askings can return the same one). Every socket
+    stays bound until the choice is made, so the kernel cannot return one port twice."""
+    held: list[socket.socket] = []
+    chosen: list[int] = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        while len(chosen) < n:
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            if port not in avoid:
+                chosen.append(port)
+        return chosen
     finally:
-        for s in socks:
-            s.close()
+        for sock in held:
+            sock.close()

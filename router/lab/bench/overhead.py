@@ -22,7 +22,7 @@ import yaml
 
 from router.auth import hash_key, new_key
 from router.lab.bench.tlscerts import run_certificates
-from router.lab.procs import child_process
+from router.lab.procs import child_process, free_ports
 from router.proxy.upstream import UpstreamPool
 
 MODEL = "fake-model"
@@ -63,15 +63,6 @@ class Row:
     direct: Sample
     routed: Sample
     router_cpu_s: float
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def cpu_seconds(pid: int) -> float:
@@ -204,7 +195,7 @@ def run(scale: float = 1.0, scenarios: tuple[Scenario, ...] = SCENARIOS, *, tls:
     speaks it to them over kept-alive connections; the backends stay plain HTTP."""
     py = sys.executable
     key = new_key()  # made for this run: nothing published opens these routers
-    zero_port, paced_port, r_zero, r_paced = (free_port() for _ in range(4))
+    zero_port, paced_port, r_zero, r_paced = free_ports(4)
     with tempfile.TemporaryDirectory() as tmp:
         certs = run_certificates(Path(tmp)) if tls else None
         cfg_zero, cfg_paced = Path(tmp, "zero.yaml"), Path(tmp, "paced.yaml")

@@ -36,8 +36,9 @@ from router.lab.bench.realtime import RealtimeOptions, run_realtime
 from router.lab.bench.report import class_table
 from router.lab.bench.stack import routed
 from router.lab.bench.workload import load_workload
+from router.lab.procs import free_ports
 from router.lab.realvllm.install import VLLM_VERSION, VllmInstall, locate
-from router.lab.realvllm.server import VllmServer, free_port
+from router.lab.realvllm.server import VllmServer
 
 REPO = Path(__file__).resolve().parents[3]
 WORKLOAD = REPO / "config" / "workloads" / "mixed-six-cpu.yaml"
@@ -149,7 +150,7 @@ def servers_for(run: LabRun, data: Mapping[str, Any]) -> list[VllmServer]:
 
 def measure(run: LabRun, names: Sequence[str]) -> dict[str, list[Outcome]]:
     """Each profile in turn in front of the same two servers, started once."""
-    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    urls = [f"http://127.0.0.1:{port}" for port in free_ports(2)]
     profiles = {name: PROFILES[name](urls) for name in names}
     servers = servers_for(run, profiles[names[0]])
     with contextlib.ExitStack() as stack:

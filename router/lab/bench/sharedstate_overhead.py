@@ -36,8 +36,8 @@ import yaml
 
 from router.auth import new_key
 from router.lab.bench.alternating import STARTUP_S, Target, Totals, alternate
-from router.lab.bench.overhead import Sample, Scenario, bench_profile, free_port, load, pct, wait_up
-from router.lab.procs import child_process
+from router.lab.bench.overhead import Sample, Scenario, bench_profile, load, pct, wait_up
+from router.lab.procs import child_process, free_ports
 
 LIMITS = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 100_000}
 # name → (the key has rate limits, `state:` is configured)
@@ -64,32 +64,34 @@ def profile(
 
 
 @contextlib.contextmanager
-def redis_server(url: str | None) -> Iterator[str]:
+def redis_server(url: str | None, port: int) -> Iterator[str]:
+    """`url`, or a redis-server started for the run on `port`."""
     if url is not None:
         yield url
         return
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: install Debian's redis-server package or pass --redis-url")
-    port = free_port()
     args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
     with child_process(args):
         yield f"redis://127.0.0.1:{port}/0"
 
 
 class Routers:
-    """Router processes started for the run, each on a profile file of its own."""
+    """Router processes started for the run, each on a profile file of its own and the next of
+    `ports` (chosen together with the backends', so no two servers are given one port)."""
 
-    def __init__(self, stack: contextlib.ExitStack, tmp: Path) -> None:
+    def __init__(self, stack: contextlib.ExitStack, tmp: Path, ports: Iterator[int]) -> None:
         self._stack = stack
         self._tmp = tmp
+        self._ports = ports
         self.pids: dict[str, int] = {}
         self.urls: dict[str, str] = {}
 
     def start(self, name: str, data: dict[str, Any]) -> None:
         path = self._tmp / f"{len(self.pids)}.yaml"
         path.write_text(yaml.safe_dump(data))
-        port = free_port()
+        port = next(self._ports)
         argv = [sys.executable, "-m", "router", "serve", "--log-level", "warning", "--config", str(path)]
         self.pids[name] = self._stack.enter_context(child_process([*argv, "--port", str(port)])).pid
         self.urls[name] = f"http://127.0.0.1:{port}"
@@ -103,16 +105,17 @@ def run(
 ) -> tuple[dict[tuple[str, str], Totals], dict[str, Totals]]:
     py = sys.executable
     key = new_key()  # made for this run: nothing published opens these routers
-    zero, paced = free_port(), free_port()
+    routers_started = len(VARIANTS) + 3  # and the hand-off's: one local, two sharing redis
+    zero, paced, redis_port, *router_ports = free_ports(3 + routers_started)
     backend = [py, "-m", "router.lab.bench.zero_backend", "--port"]
     with (
-        redis_server(redis_url) as url,
+        redis_server(redis_url, redis_port) as url,
         tempfile.TemporaryDirectory() as tmp,
         contextlib.ExitStack() as stack,
     ):
         stack.enter_context(child_process([*backend, str(zero)]))
         stack.enter_context(child_process([*backend, str(paced), "--ttft-ms", "10"]))
-        routers = Routers(stack, Path(tmp))
+        routers = Routers(stack, Path(tmp), iter(router_ports))
         for variant, (limited, shared) in VARIANTS.items():
             routers.start(variant, profile(_url(zero), key, limited, url if shared else None))
         routers.start("hand-off local", profile(_url(paced), key, False, None, slots=1))

@@ -102,6 +102,11 @@ def local_profile(
     return out
 
 
+def backend_ports(cfg: ProfileConfig) -> set[int]:
+    """The ports of the backends `cfg` lists."""
+    return {url.port for pool in cfg.pools.values() for url in pool.backends if url.port is not None}
+
+
 async def wait_ready(
     url: str, procs: Mapping[Path, subprocess.Popen[bytes]], timeout: float, path: bytes = b"/ready"
 ) -> None:
@@ -172,7 +177,7 @@ def local_stack(
     key = new_key()
     live = local_profile(data, key, engines, fixed)
     cfg = parse_profile(live, "local profile")
-    port = free_ports(1)[0]
+    port = free_ports(1, avoid=backend_ports(cfg))[0]  # the engines bind theirs while the router starts
     with tempfile.TemporaryDirectory(prefix="lane-router-lab-") as tmp:
         path = Path(tmp) / "profile.yaml"
         path.write_text(yaml.safe_dump(live, sort_keys=False))

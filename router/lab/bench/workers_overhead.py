@@ -22,8 +22,8 @@ import yaml
 
 from router.auth import new_key
 from router.lab.bench.alternating import Target, Totals, alternate, tree_cpu_seconds
-from router.lab.bench.overhead import Scenario, bench_profile, free_port, pct
-from router.lab.procs import child_process
+from router.lab.bench.overhead import Scenario, bench_profile, pct
+from router.lab.procs import child_process, free_ports
 
 SCENARIOS = (
     Scenario("non-stream c=32", False, 32, 6000, 16),
@@ -51,7 +51,8 @@ def variants(workers: int) -> tuple[Variant, ...]:
 def run(workers: int, scale: float, rounds: int) -> dict[tuple[str, str], Totals]:
     py = sys.executable
     key = new_key()  # made for this run: nothing published opens these routers
-    zero_port, paced_port = free_port(), free_port()
+    zero_port, paced_port, *ports = free_ports(2 + 2 * len(variants(workers)))
+    router_ports = iter(ports)
     backend = [py, "-m", "router.lab.bench.zero_backend"]
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         stack.enter_context(child_process([*backend, "--port", str(zero_port)]))
@@ -63,12 +64,11 @@ def run(workers: int, scale: float, rounds: int) -> dict[tuple[str, str], Totals
             for paced, port in ((False, zero_port), (True, paced_port)):
                 path = Path(tmp, f"{variant.workers}-{variant.sockets}-{paced}.yaml")
                 path.write_text(yaml.safe_dump(bench_profile(f"http://127.0.0.1:{port}", key)))
-                routers[(variant.name, paced)] = _start(stack, path, variant)
+                routers[(variant.name, paced)] = _start(stack, path, variant, next(router_ports))
         return _measure(workers, key, routers, scale, rounds)
 
 
-def _start(stack: contextlib.ExitStack, config: Path, variant: Variant) -> Target:
-    port = free_port()
+def _start(stack: contextlib.ExitStack, config: Path, variant: Variant, port: int) -> Target:
     argv = [sys.executable, "-m", "router", "serve", "--log-level", "warning", "--config", str(config)]
     argv += ["--port", str(port), "--workers", str(variant.workers)]
     env = {**os.environ, "LANE_ROUTER_WORKER_SOCKETS": variant.sockets}

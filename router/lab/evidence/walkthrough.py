@@ -28,7 +28,7 @@ from router.evidence.cli import parse_slo
 from router.evidence.identity import serving_configuration
 from router.evidence.store import EvidenceStore
 from router.evidence.verdicts import LaneVerdict, lane_verdicts
-from router.lab.bench.stack import wait_ready
+from router.lab.bench.stack import backend_ports, wait_ready
 from router.lab.evidence.example import BULK, INTERACTIVE, example_profile, example_workload
 from router.lab.procs import child_process, free_ports
 
@@ -143,7 +143,7 @@ def background(
 
 def measure(profile: Path, tag: str, paths: Paths, scale: Scale, say: Printer) -> Ran:
     """Start `profile`'s simulated engines and the router, run the benchmark with --evidence, stop."""
-    port = free_ports(1)[0]
+    port = free_ports(1, avoid=backend_ports(load_profile(profile)))[0]
     url = f"http://127.0.0.1:{port}"
     sim_log, router_log = paths.logs / f"sim-{tag}.log", paths.logs / f"router-{tag}.log"
     sim_argv = ["sim", "--config", str(profile), "--preset", scale.preset]
@@ -178,7 +178,7 @@ def check(profile: Path, paths: Paths, scale: Scale, say: Printer) -> list[LaneV
 
 def serve_gated(profile: Path, paths: Paths, scale: Scale, say: Printer) -> Ran:
     """`serve --require-evidence`: stopped again once it answers /health, or its refusal."""
-    port = free_ports(1)[0]
+    port = free_ports(1, avoid=backend_ports(load_profile(profile)))[0]
     argv = [
         *("serve", "--config", str(profile), "--port", str(port), "--log-level", "warning"),
         *("--require-evidence", str(paths.evidence), *_slo(scale)),

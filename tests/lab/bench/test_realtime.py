@@ -11,6 +11,7 @@ from router.lab.bench.loadclient import Endpoint
 from router.lab.bench.outcome import Outcome
 from router.lab.bench.realtime import RealtimeOptions, run_realtime
 from router.lab.bench.report import summarize
+from router.lab.procs import free_ports
 from router.lab.sim.profile import profile_specs
 from router.lab.sim.serve import SimCluster
 from router.lab.sim.timing import load_preset
@@ -18,12 +19,12 @@ from router.server import build_state
 from router.settings import Settings
 from tests.lab.bench.lab import KEY, MODEL, quick_workload, two_pools
 from tests.processes import wait_ready
-from tests.servers import free_port, server_group
+from tests.servers import server_group
 
 
 @pytest.mark.timeout(60)
 async def test_a_short_mixed_run_through_the_router() -> None:
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     cfg = parse_profile(two_pools(urls[:2], urls[2:]))
     workload = quick_workload()

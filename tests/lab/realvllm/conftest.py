@@ -24,8 +24,9 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.render import pool_serve_args
+from router.lab.procs import free_ports
 from router.lab.realvllm.install import VllmInstall, VllmSetupMissing, locate
-from router.lab.realvllm.server import VllmServer, free_port
+from router.lab.realvllm.server import VllmServer
 from tests.lab.realvllm.pools import POOL_KEYS, POOL_NAMES, SHARED_KEY, real_profile
 from tests.lab.realvllm.realrouter import RealRouter, real_router
 
@@ -77,7 +78,7 @@ class RealPools:
 def start_pools(install: VllmInstall, workdir: Path) -> dict[str, VllmServer]:
     """Handles for one server per pool, their flags rendered from the pool's `vllm:` block."""
     cores = sorted(os.sched_getaffinity(0))
-    ports = {name: free_port() for name in POOL_NAMES}
+    ports = dict(zip(POOL_NAMES, free_ports(len(POOL_NAMES)), strict=True))
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     cfg = parse_profile(real_profile(urls, install.model("tiny") / "tokenizer.json"))
     servers: dict[str, VllmServer] = {}

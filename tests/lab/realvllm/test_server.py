@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from router.lab.procs import free_ports
 from router.lab.realvllm.server import (
     VllmServer,
     VllmStartError,
-    free_port,
     server_command,
     server_env,
 )
@@ -52,7 +52,7 @@ def fake_venv(tmp_path: Path) -> Path:
 def make_server(tmp_path: Path, venv: Path, mode: str) -> VllmServer:
     environ = dict(os.environ, FAKE_VLLM_MODE=mode, FAKE_VLLM_CHILD_PID_FILE=str(tmp_path / "child"))
     return VllmServer(
-        venv=venv, model=tmp_path / "model", port=free_port(), api_key="k",
+        venv=venv, model=tmp_path / "model", port=free_ports(1)[0], api_key="k",
         workdir=tmp_path / "work", cache=tmp_path / "cache", environ=environ,
     )  # fmt: skip
 

@@ -14,8 +14,9 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.render import pool_serve_args
+from router.lab.procs import free_ports
 from router.lab.realvllm.install import VllmInstall
-from router.lab.realvllm.server import VllmServer, free_port
+from router.lab.realvllm.server import VllmServer
 from router.settings import Settings
 from tests.lab.realvllm.conftest import START_TIMEOUT_S
 from tests.lab.realvllm.pools import MODEL_NAME, POOL_KEYS, real_profile
@@ -41,7 +42,7 @@ def traced_vllm(
     vllm_install: VllmInstall, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     """One server for both pools of the test profile, exporting its spans over OTLP/HTTP."""
-    port = free_port()
+    port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
     tokenizer = vllm_install.model("tiny") / "tokenizer.json"
     cfg = parse_profile(real_profile({"interactive": url, "batch": url}, tokenizer))

@@ -14,6 +14,7 @@ import pytest
 
 from router.cli import parse_args
 from router.config.load import parse_profile
+from router.lab.procs import free_ports
 from router.lab.sim.cli import build_specs, parse_ports
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.frontendfit import BurstPoint, modelled_overheads
@@ -193,7 +194,7 @@ async def _wait_healthy(urls: list[str], proc: asyncio.subprocess.Process) -> No
 
 
 async def test_sim_command_serves_every_port_and_stops_on_sigint() -> None:
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -308,7 +309,7 @@ def test_sim_config_errors_exit_2_with_the_problem(
 async def test_sim_config_serves_every_backend_of_a_profile(tmp_path: Path) -> None:
     import yaml
 
-    a, b = free_port(), free_port()
+    a, b = free_ports(2)
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(_profile([f"http://127.0.0.1:{a}"], [f"http://127.0.0.1:{b}"])))
     proc = await asyncio.create_subprocess_exec(
