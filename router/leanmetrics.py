@@ -9,6 +9,7 @@ histograms), so scrapes, recording rules and dashboards see no difference."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -56,21 +57,49 @@ class GaugeValue:
         self.value = float(value)
 
 
-class HistogramValue:
-    __slots__ = ("_bounds", "counts", "created", "le", "sum")
+# The most cells a bucket table has: 8 KiB of pointers to small ints per histogram family.
+TABLE_CELLS: Final = 1024
+
+
+class Buckets:
+    """A histogram's upper bounds (the last is +Inf) with their `le` labels, and a table that
+    finds an amount's bucket without a search: cell `int(amount * scale)` holds the first bucket
+    that amount can be in, and at most a step or two forward finds the one it is in.
+
+    Why the table is exact: truncating `bound * scale` is monotone, so a bound below an amount
+    never has a higher cell than the amount and a bound at or above it never a lower one. A cell
+    holds the first bucket whose bound's cell is not lower than its own; every bucket before that
+    one is below any amount of the cell, and the forward scan does the rest. Cells are as wide as
+    the narrowest bucket (a bound per cell at most, so a step at most) and cover [0, `limit`);
+    amounts outside that range, or not a number, are searched by bisection."""
+
+    __slots__ = ("_cells", "_scale", "bounds", "le", "limit")
 
     def __init__(self, bounds: tuple[float, ...], le: tuple[str, ...]) -> None:
-        self._bounds = bounds
-        self.le = le  # the bounds as `le` labels
-        self.counts = [0.0] * len(bounds)
-        self.sum = 0.0
-        self.created = time.time()
+        self.bounds = bounds
+        self.le = le
+        edges = [0.0, *(b for b in bounds if 0.0 < b < INF)]
+        widths = [high - low for low, high in itertools.pairwise(edges) if high > low]
+        # Cells narrower than a nanosecond would buy nothing and could overflow the products.
+        self._scale = 1.0 / max(min(widths), 1e-9) if widths else 1.0
+        count = int(min(float(TABLE_CELLS), edges[-1] * self._scale + 2.0))
+        self.limit = count / self._scale
+        # A bound's cell, clamped to the table (-1: below it, count + 1: above it); clamping keeps
+        # the cells in the order of their bounds, and no amount the table serves has either.
+        cells = [int(max(-1.0, min(b * self._scale, count + 1.0))) for b in bounds[:-1]]
+        # One cell more than the limit needs: an amount just below it may round up to its cell.
+        self._cells = [next((i for i, c in enumerate(cells) if c >= q), len(cells)) for q in range(count + 1)]
 
-    def observe(self, amount: float) -> None:
-        # The first bucket whose upper bound is >= amount; the last bound is +Inf. Searched
-        # here rather than with `bisect`: compiled, this loop compares unboxed floats, where a
-        # call to `bisect_left` compares float objects through the generic protocol.
-        bounds = self._bounds
+    def index(self, amount: float) -> int:
+        """The first bucket whose upper bound is >= amount."""
+        bounds = self.bounds
+        if 0.0 <= amount < self.limit:
+            i: int = self._cells[int(amount * self._scale)]
+            while bounds[i] < amount:
+                i += 1
+            return i
+        # Compiled, this loop compares unboxed floats, where `bisect_left` would compare float
+        # objects through the generic protocol.
         low = 0
         high = len(bounds) - 1
         while low < high:
@@ -79,7 +108,21 @@ class HistogramValue:
                 low = middle + 1
             else:
                 high = middle
-        self.counts[low] += 1.0
+        return low
+
+
+class HistogramValue:
+    __slots__ = ("_buckets", "counts", "created", "le", "sum")
+
+    def __init__(self, buckets: Buckets) -> None:
+        self._buckets = buckets
+        self.le = buckets.le
+        self.counts = [0.0] * len(buckets.bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        self.counts[self._buckets.index(amount)] += 1.0
         self.sum += amount
 
 
@@ -173,5 +216,5 @@ def histogram(
         raise ValueError(f"{name}: buckets not in sorted order")
     if bounds[-1] != INF:
         bounds += (INF,)
-    le = tuple(_le_label(b) for b in bounds)
-    return Family(name, documentation, labelnames, "histogram", lambda: HistogramValue(bounds, le), registry)
+    shared = Buckets(bounds, tuple(_le_label(b) for b in bounds))
+    return Family(name, documentation, labelnames, "histogram", lambda: HistogramValue(shared), registry)

@@ -19,7 +19,7 @@ from router.leanmetrics import CounterValue, counter, gauge, histogram
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
-_LATENCY_BUCKETS: Final = (
+LATENCY_BUCKETS: Final = (
     0.001,
     0.0025,
     0.005,
@@ -46,7 +46,7 @@ _LATENCY_BUCKETS: Final = (
     60.0,
     120.0,
 )
-_ITL_BUCKETS: Final = (
+ITL_BUCKETS: Final = (
     0.001,
     0.0025,
     0.005,
@@ -87,28 +87,28 @@ class Metrics:
             p + "time_to_first_token_seconds",
             "Time from request arrival to the first response body byte.",
             _ROUTE,
-            _LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
             registry,
         )
         self.itl = histogram(
             p + "inter_token_latency_seconds",
             "Gap between consecutive streamed chunks relayed to the client.",
             _ROUTE,
-            _ITL_BUCKETS,
+            ITL_BUCKETS,
             registry,
         )
         self.duration = histogram(
             p + "request_duration_seconds",
             "Time from request arrival to the last response byte.",
             _ROUTE,
-            _LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
             registry,
         )
         self.queue_time = histogram(
             p + "queue_time_seconds",
             "Time a request waited for lane admission.",
             ["lane"],
-            _LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
             registry,
         )
         self.in_flight = gauge(p + "in_flight", "Requests being proxied now.", ["lane", "pool"], registry)

@@ -4,13 +4,17 @@ same observations: names, labels, bucket bounds, values and sample order."""
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from router.leanmetrics import counter, gauge, histogram
+from router.leanmetrics import Buckets, counter, gauge, histogram
+from router.metrics import ITL_BUCKETS, LATENCY_BUCKETS
 
 BUCKETS = (0.001, 0.005, 0.02, 1.0, 8.0)
 AMOUNTS = (0.0, 0.0005, 0.001, 0.003, 0.005, 0.5, 1.0, 7.9, 8.0, 90.0)
@@ -91,3 +95,38 @@ def test_an_observation_lands_in_the_first_bucket_whose_bound_holds_it() -> None
         expected[bisect.bisect_left((*bounds, float("inf")), amount)] += 1.0
     assert child.counts == expected
     assert sum(child.counts) == len(amounts)
+
+
+_bound = st.floats(min_value=-10.0, max_value=500.0, allow_nan=False)
+
+
+@given(
+    bounds=st.lists(_bound, min_size=0, max_size=30).map(sorted),
+    amounts=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), max_size=30),
+    near=st.lists(st.integers(min_value=-3, max_value=3), max_size=6),
+)
+@settings(max_examples=1500, deadline=None)
+def test_the_bucket_table_finds_what_bisection_finds(
+    bounds: list[float], amounts: list[float], near: list[int]
+) -> None:
+    buckets = Buckets((*bounds, float("inf")), ())
+    edges = [*bounds, buckets.limit, 0.0]
+    # Every bound and the table's own limit, and the floats next to them on either side.
+    probes = [*amounts, *(_step(edge, n) for edge in edges for n in near)]
+    for amount in probes:
+        expected = bisect.bisect_left(buckets.bounds, amount)
+        assert buckets.index(amount) == expected, (amount, buckets.bounds)
+
+
+def _step(x: float, n: int) -> float:
+    for _ in range(abs(n)):
+        x = math.nextafter(x, math.inf if n > 0 else -math.inf)
+    return x
+
+
+def test_the_latency_and_token_gap_buckets_are_found_by_the_table_to_a_second() -> None:
+    for bounds in (LATENCY_BUCKETS, ITL_BUCKETS):
+        buckets = Buckets((*bounds, float("inf")), ())
+        assert buckets.limit >= 1.0
+        amounts = [i / 100_000 for i in range(100_000)] + [_step(b, n) for b in bounds for n in (-1, 0, 1)]
+        assert [buckets.index(a) for a in amounts] == [bisect.bisect_left(buckets.bounds, a) for a in amounts]

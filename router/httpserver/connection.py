@@ -43,6 +43,7 @@ class Connection(RequestReader):
         "_since",
         "_writable",
         "drain_waiter",
+        "write",
         "write_paused",
     )
 
@@ -60,6 +61,8 @@ class Connection(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        # Bound once: a stream writes on every read, and a call by name looks the method up.
+        self.write: Callable[[bytes], object] = self.transport.write
         ctx = self._ctx
         limit = ctx.config.max_connections
         if ctx.closing or (limit and len(ctx.connections) >= limit):

@@ -188,7 +188,7 @@ class Exchange:
         if self._framing == CHUNKED and not last and 0 < len(body) <= JOIN_LIMIT:
             # A stream's every read takes this way: its head went out at the start, so the
             # part is framed and written here without the general `_write`'s branches.
-            self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            self._conn.write(b"%x\r\n%b\r\n" % (len(body), body))
             return self._conn.write_paused
         self._write(body, not last)
         if last:
@@ -199,7 +199,7 @@ class Exchange:
     def write_chunks(self, framed: bytes, body: bytes) -> bool:
         """`BodyWriter` (router/asgi.py): a paced stream's read as its backend framed it."""
         if self._framing == CHUNKED and self.state == STARTED and not self._gone:
-            self.transport.write(framed)
+            self._conn.write(framed)
             return self._conn.write_paused
         return self.write_body(body, False)
 

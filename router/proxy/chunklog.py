@@ -5,7 +5,6 @@ later ones time a stream's token gaps, and the tail keeps the usage report."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from router.ratelimit import USAGE_TAIL_BYTES
@@ -25,7 +24,7 @@ class UsageTail:
     __slots__ = ("_chunks", "due", "keep")
 
     def __init__(self) -> None:
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []
         self.keep = self._chunks.append
         self.due = USAGE_TAIL_BYTES  # the byte count of the response at which to trim
 
@@ -33,15 +32,12 @@ class UsageTail:
         """Drop the chunks older than the last USAGE_TAIL_BYTES; `total` is the response's byte
         count so far, the last kept chunk included."""
         chunks = self._chunks
+        start = len(chunks)
         size = 0
-        needed = 0
-        for chunk in reversed(chunks):
-            needed += 1
-            size += len(chunk)
-            if size >= USAGE_TAIL_BYTES:
-                break
-        for _ in range(len(chunks) - needed):
-            chunks.popleft()
+        while start > 0 and size < USAGE_TAIL_BYTES:
+            start -= 1
+            size += len(chunks[start])
+        del chunks[:start]  # one C call, where dropping them one by one cost a call each
         self.due = total + USAGE_TAIL_BYTES
 
     @property

@@ -34,6 +34,16 @@ def whole_chunks(data: bytes) -> tuple[list[bytes], int]:
     return pieces, at
 
 
+def one_chunk(data: bytes) -> int:
+    """Where the payload starts when `data` is one whole chunk, not the last (a paced stream's
+    read); -1 when it is anything else. `whole_chunks` without the list, for the common case."""
+    end = len(data)
+    start, size = _size_line(data, 0, end)
+    if size <= 0 or start + size + 2 != end or data[end - 2] != _CR or data[end - 1] != _LF:
+        return -1
+    return start
+
+
 def _size_line(data: bytes, at: int, end: int) -> tuple[int, int]:
     """Where a chunk's payload starts and its size, for the size line at `at`: a size of -1
     when the line is not 1 to 8 hex digits and CRLF."""

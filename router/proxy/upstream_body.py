@@ -44,6 +44,7 @@ class UpstreamBody(asyncio.Protocol):
         "_last_read",
         "_limits",
         "_loop",
+        "_now",
         "_paused",
         "_pieces",
         "_sink",
@@ -57,6 +58,8 @@ class UpstreamBody(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limits: ResponseLimits, timer: DeadlineTimer) -> None:
         self._loop = loop
+        # Bound once: a stream reads the clock on every read, and a lookup by name costs more.
+        self._now = loop.time
         self._limits = limits
         self._timer = timer
         self._transport: asyncio.Transport | None = None

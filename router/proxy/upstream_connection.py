@@ -23,7 +23,7 @@ from typing import Final
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
-from router.proxy.chunks import whole_chunks
+from router.proxy.chunks import one_chunk, whole_chunks
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
 from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, UpstreamBody
@@ -148,16 +148,17 @@ class UpstreamConnection(UpstreamBody):
         state = self._state
         if state == BODY:
             # A stream's every read comes here: the parser is fed inline (not through `_feed`).
-            self._last_read = self._loop.time()
+            self._last_read = self._now()
             before = self._buffered
             rest = data
             if self._at_chunk_start:
                 # The whole chunks the read begins with, as the parser would have read them; a
                 # paced stream's one chunk goes straight to the sink.
-                chunks, taken = whole_chunks(data)
-                if taken == len(data) and len(chunks) == 1 and self._paced(chunks[0]):
-                    self._relay(chunks[0], data)  # checked framing, passed on as it came
+                start = one_chunk(data)
+                if start > 0 and self._paced(data):
+                    self._relay(data[start:-2], data)  # checked framing, passed on as it came
                     return
+                chunks, taken = whole_chunks(data)
                 self._pieces.extend(chunks)
                 rest = data[taken:] if taken else data
             if rest:
@@ -344,7 +345,7 @@ class UpstreamConnection(UpstreamBody):
             self._new_parser_needed = True
             self._complete(self._parser.should_keep_alive())
         else:
-            self._last_read = now = self._loop.time()
+            self._last_read = now = self._now()
             self._timer.arm_by(now + self._limits.read_timeout)  # IN_BODY's deadline
             self._wake()
 

@@ -9,7 +9,7 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
-from router.leanmetrics import HistogramValue
+from router.leanmetrics import Buckets, HistogramValue
 from router.metrics import Metrics
 from router.poolgate import Ticket
 from router.proxy.chunklog import ChunkLog, UsageTail
@@ -42,7 +42,7 @@ def exchange(gaps: HistogramValue, tail: UsageTail | None) -> Exchange:
 
 
 def histogram() -> HistogramValue:
-    return HistogramValue((0.1, float("inf")), ("0.1", "+Inf"))
+    return HistogramValue(Buckets((0.1, float("inf")), ("0.1", "+Inf")))
 
 
 def chunkings(seed: int) -> list[list[bytes]]:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.errors import UpstreamError, UpstreamProtocolError
-from router.proxy.chunks import whole_chunks
+from router.proxy.chunks import one_chunk, whole_chunks
 from router.proxy.limits import ResponseLimits
 from router.proxy.upstream import UpstreamPool
 from router.proxy.upstream_connection import UpstreamConnection
@@ -66,6 +66,8 @@ def _parser_reads(data: bytes) -> tuple[bytes, bool] | None:
 def test_whole_chunks_are_taken(data: bytes, pieces: list[bytes]) -> None:
     assert whole_chunks(data) == (pieces, len(data))
     assert _parser_reads(data) == (b"".join(pieces), True)
+    start = one_chunk(data)
+    assert (data[start:-2] if start > 0 else None) == (pieces[0] if len(pieces) == 1 else None)
 
 
 @pytest.mark.parametrize(
@@ -93,6 +95,7 @@ def test_whole_chunks_are_taken(data: bytes, pieces: list[bytes]) -> None:
 def test_anything_else_is_left_to_the_parser(data: bytes) -> None:
     pieces, taken = whole_chunks(data)
     assert taken < len(data) or not data
+    assert one_chunk(data) == -1
     if taken:  # the whole chunks before it are taken, and the parser starts after them
         assert _parser_reads(data[:taken]) == (b"".join(pieces), True)
 
@@ -123,6 +126,10 @@ def test_what_is_taken_is_what_the_parser_reads(data: bytes, cut: int) -> None:
     for read in (data, data[:cut], data[cut:]):
         pieces, taken = whole_chunks(read)
         assert _parser_reads(read[:taken]) == (b"".join(pieces), True)
+        # One whole chunk and nothing else, or -1: what the paced path takes the parser reads too.
+        start = one_chunk(read)
+        one = len(pieces) == 1 and taken == len(read)
+        assert (read[start:-2] if start > 0 else None) == (pieces[0] if one else None)
 
 
 @settings(max_examples=500, deadline=None)

@@ -155,6 +155,9 @@ class _Writer:
     def write_body(self, body: bytes, last: bool) -> bool:
         return False
 
+    def write_chunks(self, framed: bytes, body: bytes) -> bool:
+        return False
+
     def when_writable(self, callback: Callable[[], None]) -> None:
         callback()
 
