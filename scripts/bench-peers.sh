@@ -3,7 +3,9 @@
 # proxy and no proxy at all, in front of the same fake backends on 127.0.0.1, each proxy alone on
 # CPU 1 and the backends and load generators on CPU 0. Prints one markdown table of proxy CPU per
 # request and per chunk, core use and added time to first token, with the load average.
-# Takes about 5 minutes; every load is bounded and every process stopped at the end.
+# The targets take turns in rounds (3 by default) whose order rotates, so drift of the machine
+# falls on all of them alike. Takes about 6 minutes; every load is bounded and every process is
+# stopped at the end.
 #
 # Installs what a chosen target needs and is missing (reused afterwards):
 #   - vLLM Router 0.1.17 (pip package `vllm-router`) in a venv under ~/.cache/lane-router/peers/;
@@ -14,6 +16,7 @@
 #   --scenarios nonstream,stream,paced                     run only these
 #   --lane-router-src DIR (repeatable)                     compare other source trees
 #   --scale F                                              longer or shorter loads
+#   --rounds N                                             turns per target (default 3)
 # Env: LANE_ROUTER_PEERS_DIR (default ~/.cache/lane-router/peers), PYTHON (for the venv: python3.11)
 set -euo pipefail
 
@@ -28,7 +31,7 @@ log() { printf '[bench-peers %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf '[bench-peers] ERROR: %s\n' "$*" >&2; exit 1; }
 
 for arg in "$@"; do
-  case "$arg" in -h|--help) sed -n '2,19p' "$0"; exit 0 ;; esac
+  case "$arg" in -h|--help) sed -n '2,20p' "$0"; exit 0 ;; esac
 done
 
 # wants KIND: true when the run's --targets (default: all) include KIND.

@@ -21,7 +21,7 @@ from router.lab.bench.peers.targets import KINDS, LABELS, Target, Tools, lane_ro
 
 HERE = Path(__file__).resolve().parents[4]  # the source tree this module runs from
 VLLM_ROUTER = Path.home() / ".cache/lane-router/peers/vllm-router-0.1.17/bin/vllm-router"
-DURATION_S = {"nonstream": 8.0, "stream": 8.0, "paced": 10.0}
+DURATION_S = {"nonstream": 4.0, "stream": 4.0, "paced": 5.0}  # per round
 
 
 def _names(text: str, known: Sequence[str]) -> list[str]:
@@ -52,7 +52,13 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="the lane-router source tree to run (repeat to compare trees; default: this one)",
     )
-    p.add_argument("--scale", type=float, default=1.0, help="times the default 8/8/10 s loads")
+    p.add_argument("--scale", type=float, default=1.0, help="times the default 4/4/5 s loads of a round")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="turns each target takes at every scenario, in rotating order (default 3)",
+    )
     p.add_argument(
         "--warmup", type=float, default=1.0, help="seconds of load before each measured one (0: none)"
     )
@@ -76,8 +82,6 @@ def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
             chosen += lane_router_targets(args.lane_router_src, HERE)
         elif kind in kinds and kind != "direct":
             chosen.append(Target(kind, LABELS[kind]))
-    if "direct" in kinds and len(chosen) > 1:
-        chosen.append(chosen[0])  # again at the end: the drift over the run shows
     tools = Tools(sys.executable, args.vllm_router, args.nginx, shutil.which(args.wrk) if args.wrk else None)
     return harness.Settings(
         targets=chosen,
@@ -90,6 +94,7 @@ def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
         proxy_cpu=None if args.no_pin else args.proxy_cpu,
         load_cpu=None if args.no_pin else args.load_cpu,
         max_requests=args.max_requests,
+        rounds=max(1, args.rounds),
     )
 
 
@@ -110,10 +115,12 @@ def header(args: argparse.Namespace, s: harness.Settings, run: harness.Run, argv
         f"Command: `{command}`",
         "",
         f"Started {run.started} on {os.cpu_count()} CPUs; {placing}. "
-        f"Non-streamed client: {client}; streams: the own load generator. Loads of {seconds} s, "
-        + (f"each after a {s.warmup_s:g} s warm-up. " if s.warmup_s > 0 else "no warm-up. ")
-        + "Proxy CPU: utime + stime of its process tree "
-        "(/proc/PID/stat), before and after each load.",
+        f"Non-streamed client: {client}; streams: the own load generator. {s.rounds} rounds in "
+        f"which the targets take turns, in an order that rotates each round, with loads of "
+        f"{seconds} s"
+        + (f" ({s.warmup_s:g} s of warm-up before a target's first)" if s.warmup_s > 0 else "")
+        + "; figures are over all rounds (TTFT: the median of the rounds'). Proxy CPU: utime + "
+        "stime of its process tree (/proc/PID/stat), before and after each load.",
     ]
 
 

@@ -1,8 +1,10 @@
 """The peers run: two fake backends on the load core (one answering at once, one paced at 20 ms
-to the first token and 5 ms between tokens); then, target after target, the proxy started alone
-on the proxy core in front of the backend a scenario needs, a warm-up, and each scenario's load
-with the proxy's process-tree CPU time read before and after. Direct (no proxy) is measured first
-and again last, so drift over the run shows. Every load is bounded in time and request count,
+to the first token and 5 ms between tokens); for each backend, every proxy started at once, each
+on the proxy core, in front of it; then rounds in which the targets take turns, each scenario's
+load measured with the proxy's process-tree CPU time read before and after. The order of the
+turns rotates from round to round and the figures are summed over the rounds, so drift of this
+shared machine over the run falls on every target alike instead of on whichever ran last. A
+warm-up load precedes each target's first round. Every load is bounded in time and request count,
 every process is stopped when its block ends, and everything listens on 127.0.0.1."""
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from router.lab.procs import child_process, free_ports
 
 Progress = Callable[[str], None]
 READY_S = 60.0  # vLLM Router waits for its worker's /health before it listens
+MEASURED_FAILURES = (RuntimeError, subprocess.SubprocessError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     targets: list[Target]
     scenarios: list[Scenario]
-    duration_s: dict[str, float]  # per scenario name
+    duration_s: dict[str, float]  # per scenario name and round
     warmup_s: float
     tools: Tools
     run_dir: Path
@@ -38,6 +41,7 @@ class Settings:
     proxy_cpu: int | None = 1
     load_cpu: int | None = 0
     max_requests: int = 1_000_000
+    rounds: int = 3
 
 
 @dataclass
@@ -49,15 +53,98 @@ class Run:
     commands: dict[str, str] = field(default_factory=dict)  # target label → one of its launches
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A target ready for load: where the loads go, and the processes whose CPU is its own."""
+
+    target: Target
+    port: int
+    pids: list[int]
+
+
+@dataclass
+class _Tally:
+    rounds: dict[str, dict[str, list[Measure]]]  # target label → scenario name → rounds
+    why_not: dict[str, str] = field(default_factory=dict)  # target label → not installed, failed
+
+
 def run(settings: Settings, progress: Progress) -> Run:
     out = Run(started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), load_start=cpu.load_average())
     settings.run_dir.mkdir(parents=True, exist_ok=True)
+    tally = _Tally({t.label: {} for t in settings.targets})
     with _backends(settings) as backend_ports:
-        for target in settings.targets:
-            progress(f"{target.label}: start (load average {cpu.load_average()})")
-            out.results.append(_run_target(target, settings, backend_ports, out.commands, progress))
+        for paced in (False, True):
+            group = [s for s in settings.scenarios if s.paced == paced]
+            if group:
+                _run_group(group, backend_ports[paced], settings, tally, out.commands, progress)
+    out.results = [
+        TargetResult(t.label, tally.rounds[t.label], tally.why_not.get(t.label)) for t in settings.targets
+    ]
     out.load_end = cpu.load_average()
     return out
+
+
+def _run_group(
+    group: list[Scenario],
+    backend_port: int,
+    settings: Settings,
+    tally: _Tally,
+    commands: dict[str, str],
+    progress: Progress,
+) -> None:
+    """Start every target in front of `backend_port`, then measure `group` in rotating rounds."""
+    with contextlib.ExitStack() as stack:
+        ready = []
+        for target in settings.targets:
+            if target.label in tally.why_not:
+                continue
+            why = targets.missing(target, settings.tools)
+            if why is not None:
+                progress(f"{target.label}: skipped, {why}")
+                tally.why_not[target.label] = why
+                continue
+            try:
+                ready.append(_start(stack, target, settings, backend_port, commands))
+            except MEASURED_FAILURES as err:
+                progress(f"{target.label}: failed, {err}")
+                tally.why_not[target.label] = f"failed: {err}"
+        for turn in range(settings.rounds):
+            progress(f"round {turn + 1} of {settings.rounds} (load average {cpu.load_average()})")
+            shift = turn % len(ready) if ready else 0
+            for running in ready[shift:] + ready[:shift]:
+                label = running.target.label
+                if label in tally.why_not:
+                    continue
+                try:
+                    for scenario in group:
+                        measure = _measure(scenario, running, settings, progress, warm_up=turn == 0)
+                        tally.rounds[label].setdefault(scenario.name, []).append(measure)
+                except MEASURED_FAILURES as err:
+                    progress(f"{label}: failed, {err}")
+                    tally.why_not[label] = f"failed: {err}"
+
+
+def _start(
+    stack: contextlib.ExitStack,
+    target: Target,
+    settings: Settings,
+    backend_port: int,
+    commands: dict[str, str],
+) -> Running:
+    if target.kind == "direct":
+        return Running(target, backend_port, [])
+    port, metrics_port = free_ports(2)
+    where = Where(port, backend_port, settings.run_dir, settings.proxy_cpu, settings.key, metrics_port)
+    launched = targets.launch(target, settings.tools, where)
+    commands.setdefault(target.label, launched.shown())
+    log = settings.run_dir / f"{target.kind}-{port}.log"
+    env = {**os.environ, **launched.env}
+    proc = stack.enter_context(child_process(launched.args, env=env, log=log, stdout_to_log=True))
+    try:
+        wait_ready(port, settings.key, proc)
+    except RuntimeError as err:
+        raise RuntimeError(f"{err} (log: {log})") from None
+    return Running(target, port, cpu.process_tree(proc.pid))  # nginx's worker exists once it answers
 
 
 @contextlib.contextmanager
@@ -101,69 +188,21 @@ def wait_ready(port: int, key: str, proc: subprocess.Popen[bytes] | None, limit_
     raise RuntimeError(f"not answering on port {port} after {limit_s:.0f} s")
 
 
-def _run_target(
-    target: Target,
-    settings: Settings,
-    backends: dict[bool, int],
-    commands: dict[str, str],
-    progress: Progress,
-) -> TargetResult:
-    why = targets.missing(target, settings.tools)
-    if why is not None:
-        progress(f"{target.label}: skipped, {why}")
-        return TargetResult(target.label, {}, missing=why)
-    before = cpu.load_average()
-    measures: dict[str, Measure] = {}
-    try:
-        for paced in (False, True):
-            group = [s for s in settings.scenarios if s.paced == paced]
-            if group:
-                measures |= _run_group(target, settings, backends[paced], group, commands, progress)
-    except (RuntimeError, subprocess.SubprocessError, OSError) as err:
-        progress(f"{target.label}: failed, {err}")
-        return TargetResult(target.label, measures, f"failed: {err}", before, cpu.load_average())
-    return TargetResult(target.label, measures, None, before, cpu.load_average())
-
-
-def _run_group(
-    target: Target,
-    settings: Settings,
-    backend_port: int,
-    group: list[Scenario],
-    commands: dict[str, str],
-    progress: Progress,
-) -> dict[str, Measure]:
-    if target.kind == "direct":
-        return {s.name: _measure(s, backend_port, [], settings, target, progress) for s in group}
-    port, metrics_port = free_ports(2)
-    where = Where(port, backend_port, settings.run_dir, settings.proxy_cpu, settings.key, metrics_port)
-    launched = targets.launch(target, settings.tools, where)
-    commands.setdefault(target.label, launched.shown())
-    log = settings.run_dir / f"{target.kind}-{port}.log"
-    with child_process(
-        launched.args, env={**os.environ, **launched.env}, log=log, stdout_to_log=True
-    ) as proc:
-        try:
-            wait_ready(port, settings.key, proc)
-        except RuntimeError as err:
-            raise RuntimeError(f"{err} (log: {log})") from None
-        pids = cpu.process_tree(proc.pid)  # nginx's worker exists once it answers
-        return {s.name: _measure(s, port, pids, settings, target, progress) for s in group}
-
-
 def _measure(
-    scenario: Scenario, port: int, pids: list[int], settings: Settings, target: Target, progress: Progress
+    scenario: Scenario, running: Running, settings: Settings, progress: Progress, *, warm_up: bool
 ) -> Measure:
     duration = settings.duration_s[scenario.name]
-    if settings.warmup_s > 0:  # pools, caches, code paths: not measured
-        _loadgen(scenario, port, settings, settings.warmup_s)
-    progress(f"{target.label}: {scenario.title} ({duration:g} s)")
-    before = cpu.cpu_seconds(pids)
-    load = _client(scenario, port, settings, duration)
-    used = cpu.cpu_seconds(pids) - before
+    if warm_up and settings.warmup_s > 0:  # pools, caches, code paths: not measured
+        _loadgen(scenario, running.port, settings, settings.warmup_s)
+    progress(f"{running.target.label}: {scenario.title} ({duration:g} s)")
+    before = cpu.cpu_seconds(running.pids)
+    load = _client(scenario, running.port, settings, duration)
+    used = cpu.cpu_seconds(running.pids) - before
     if load.errors or load.bad_counts:
-        progress(f"{target.label}: {scenario.title}: {load.errors} errors, {load.bad_counts} wrong counts")
-    return Measure(load, used if pids else None)
+        progress(
+            f"{running.target.label}: {scenario.title}: {load.errors} errors, {load.bad_counts} wrong counts"
+        )
+    return Measure(load, used if running.pids else None)
 
 
 def _client(scenario: Scenario, port: int, settings: Settings, duration: float) -> Load:

@@ -1,16 +1,24 @@
 """The peers run as one markdown table: a column per target (direct last), a row per measured
-quantity, and the machine's load average beside it. A target that did not run says why in each
-of its cells; direct, measured at the start and again at the end, shows both values."""
+quantity, the machine's load average beside it, and each lane-router tree's CPU as a ratio to
+vLLM Router's, over the run and round by round. A target that did not run says why in each of
+its cells."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from router.lab.bench.peers.harness import Run
-from router.lab.bench.peers.scenarios import SCENARIOS, Measure, TargetResult
+from router.lab.bench.peers.scenarios import SCENARIOS, Measure, TargetResult, combined
 
 DIRECT = "direct"
+REFERENCE = "vLLM Router"
 Cell = Callable[[Measure], str]
+# What a ratio compares in each scenario: CPU per request, per chunk.
+_PER_UNIT: dict[str, tuple[str, Callable[[Measure], float | None]]] = {
+    "nonstream": ("non-streamed", lambda m: m.us_per_request),
+    "stream": ("zero-delay", lambda m: m.us_per_chunk),
+    "paced": ("paced", lambda m: m.us_per_chunk),
+}
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -95,9 +103,6 @@ def _cell(result: TargetResult, scenario: str, cell: Cell) -> str:
 def notes(run: Run) -> list[str]:
     """Load averages (run and each target) and every error, under the table."""
     out = [f"Load average (1/5/15 min): {run.load_start} at the start, {run.load_end} at the end."]
-    spans = [f"{r.label} {r.load_before} → {r.load_after}" for r in run.results if r.load_before]
-    if spans:
-        out.append("Per target: " + "; ".join(spans) + ".")
     problems = [
         f"{r.label} {name}: {m.load.errors} errors, {m.load.bad_counts} streams with a wrong token count"
         for r in run.results
@@ -110,5 +115,51 @@ def notes(run: Run) -> list[str]:
     return out
 
 
+def ratios(run: Run, reference: str = REFERENCE) -> list[str]:
+    """Each lane-router tree's CPU per request or chunk divided by `reference`'s, over all rounds
+    and in each round (the two took their turns in the same round), and the paced streams'
+    TTFT p50 beside the reference's."""
+    theirs = next((r for r in run.results if r.label == reference and r.rounds), None)
+    ours = [r for r in run.results if r.label.startswith("lane-router") and r.rounds]
+    if theirs is None or not ours:
+        return []
+    lines = []
+    for result in ours:
+        parts = [_ratio_text(name, result, theirs) for name in _PER_UNIT]
+        ttft = _ttft_text(result, theirs)
+        text = "; ".join(p for p in [*parts, ttft] if p)
+        lines.append(f"{result.label} ÷ {reference}, CPU per request or chunk: {text}.")
+    return lines
+
+
+def _ratio_text(name: str, ours: TargetResult, theirs: TargetResult) -> str:
+    title, unit = _PER_UNIT[name]
+    a, b = ours.rounds.get(name), theirs.rounds.get(name)
+    if not a or not b:
+        return ""
+    each = [_ratio(unit(x), unit(y)) for x, y in zip(a, b, strict=False)]
+    rounds = ", ".join(_num(v, 2) for v in each)
+    return f"{title} {_num(_ratio(unit(combined(a)), unit(combined(b))), 2)} (rounds {rounds})"
+
+
+def _ttft_text(ours: TargetResult, theirs: TargetResult) -> str:
+    a, b = ours.rounds.get("paced"), theirs.rounds.get("paced")
+    if not a or not b:
+        return ""
+    each = [_difference(x.load.ttft_p50_ms, y.load.ttft_p50_ms) for x, y in zip(a, b, strict=False)]
+    total = _difference(combined(a).load.ttft_p50_ms, combined(b).load.ttft_p50_ms)
+    rounds = ", ".join("—" if v is None else f"{v:+.1f}" for v in each)
+    return f"paced TTFT p50 {'—' if total is None else f'{total:+.1f}'} ms (rounds {rounds})"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or not theirs else ours / theirs
+
+
+def _difference(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or theirs is None else ours - theirs
+
+
 def render(run: Run, header: list[str]) -> str:
-    return "\n".join([*header, "", table(run), "", *notes(run)])
+    compared = [f"- {line}" for line in ratios(run)]
+    return "\n".join([*header, "", table(run), "", *compared, *([""] if compared else []), *notes(run)])

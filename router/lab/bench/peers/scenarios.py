@@ -5,6 +5,7 @@ Every scenario is a closed loop of C connections against one fake backend for a 
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 # The fake backend's model (router.lab.bench.zero_backend.MODEL), named here so the load
@@ -83,12 +84,39 @@ class Measure:
         return 100 * self.proxy_cpu_s / self.load.elapsed_s
 
 
+def combined(rounds: list[Measure]) -> Measure:
+    """The rounds of one scenario through one target as one measurement: counts, time and CPU
+    summed (so per-request and per-chunk figures are over all rounds), TTFT percentiles the
+    median of the rounds'."""
+    loads = [m.load for m in rounds]
+    cpu = [m.proxy_cpu_s for m in rounds]
+    load = Load(
+        requests=sum(x.requests for x in loads),
+        chunks=sum(x.chunks for x in loads),
+        errors=sum(x.errors for x in loads),
+        bad_counts=sum(x.bad_counts for x in loads),
+        elapsed_s=sum(x.elapsed_s for x in loads),
+        ttft_p50_ms=_median([x.ttft_p50_ms for x in loads]),
+        ttft_p99_ms=_median([x.ttft_p99_ms for x in loads]),
+        client=loads[0].client,
+    )
+    return Measure(load, None if any(c is None for c in cpu) else sum(c for c in cpu if c is not None))
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 @dataclass(frozen=True, slots=True)
 class TargetResult:
-    """One target over the scenarios run; `missing` says why it was not run (e.g. not installed)."""
+    """One target over the scenarios run: each scenario's rounds and, `measures`, all of them
+    `combined`; `missing` says why it was not run (e.g. not installed) or stopped."""
 
     label: str
-    measures: dict[str, Measure]
+    rounds: dict[str, list[Measure]]
     missing: str | None = None
-    load_before: str = ""
-    load_after: str = ""
+
+    @property
+    def measures(self) -> dict[str, Measure]:
+        return {name: combined(ms) for name, ms in self.rounds.items() if ms}

@@ -1,4 +1,5 @@
-"""The pure parts of the peers benchmark: wrk's summary, nginx's configuration, the profile."""
+"""The pure parts of the peers benchmark: wrk's summary, nginx's configuration, the profile, the
+rounds summed and compared."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from pathlib import Path
 
 from router.config.load import parse_profile
 from router.lab.bench.peers import nginx, wrk
-from router.lab.bench.peers.scenarios import MODEL
+from router.lab.bench.peers.harness import Run
+from router.lab.bench.peers.report import ratios
+from router.lab.bench.peers.scenarios import MODEL, Load, Measure, TargetResult, combined
 from router.lab.bench.peers.targets import Target, Tools, lane_router_profile, lane_router_targets, missing
 from router.lab.bench.zero_backend import MODEL as BACKEND_MODEL
 
@@ -71,3 +74,27 @@ def test_several_source_trees_get_a_column_each_and_a_tree_without_the_router_is
         missing(Target("vllm-router", "vLLM Router"), absent) == f"not installed ({tmp_path / 'vllm-router'})"
     )
     assert missing(Target("nginx", "nginx"), absent) == f"not installed ({tmp_path / 'nginx'})"
+
+
+def _paced(chunks: int, cpu_s: float | None, ttft_p50: float) -> Measure:
+    return Measure(Load(chunks // 64, chunks, 0, 0, 5.0, ttft_p50, 2 * ttft_p50), cpu_s)
+
+
+def test_rounds_are_summed_and_their_ttft_is_the_median() -> None:
+    total = combined([_paced(6400, 0.2, 21.0), _paced(12800, 0.6, 25.0), _paced(6400, 0.2, 22.0)])
+    assert (total.load.chunks, total.load.requests, total.load.elapsed_s) == (25600, 400, 15.0)
+    assert total.us_per_chunk == 1e6 * 1.0 / 25600  # CPU over chunks of all rounds, not a mean of means
+    assert (total.load.ttft_p50_ms, total.load.ttft_p99_ms) == (22.0, 44.0)
+    assert combined([_paced(64, None, 1.0)]).proxy_cpu_s is None
+
+
+def test_lane_router_is_compared_with_vllm_router_over_the_run_and_round_by_round() -> None:
+    ours = TargetResult("lane-router", {"paced": [_paced(6400, 0.18, 21.5), _paced(6400, 0.22, 21.0)]})
+    theirs = TargetResult("vLLM Router", {"paced": [_paced(6400, 0.2, 21.0), _paced(6400, 0.2, 21.5)]})
+    run = Run(results=[ours, theirs, TargetResult("nginx", {}, "not installed")])
+    (line,) = ratios(run)
+    assert line == (
+        "lane-router ÷ vLLM Router, CPU per request or chunk: paced 1.00 (rounds 0.90, 1.10); "
+        "paced TTFT p50 +0.0 ms (rounds +0.5, -0.5)."
+    )
+    assert ratios(Run(results=[ours])) == []  # nothing to compare with
