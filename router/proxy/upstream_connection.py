@@ -148,7 +148,6 @@ class UpstreamConnection(UpstreamBody):
         state = self._state
         if state == BODY:
             # A stream's every read comes here: the parser is fed inline (not through `_feed`).
-            self._last_read = self._now()
             before = self._buffered
             rest = data
             if self._at_chunk_start:
@@ -158,6 +157,8 @@ class UpstreamConnection(UpstreamBody):
                 if start > 0 and self._paced(data):
                     self._relay(data[start:-2], data)  # checked framing, passed on as it came
                     return
+            self._last_read = self._now()
+            if self._at_chunk_start:
                 chunks, taken = whole_chunks(data)
                 self._pieces.extend(chunks)
                 rest = data[taken:] if taken else data
@@ -193,7 +194,9 @@ class UpstreamConnection(UpstreamBody):
         sink = self._sink
         assert sink is not None
         self._framing_bytes = 0
-        now = sink.record(piece)
+        # The read's time as the chunk log took it: the monotonic clock the loop's time is read
+        # from, a millisecond finer, so the read deadline is as before and the loop is not asked.
+        self._last_read = now = sink.record(piece)
         if now >= sink.sample_at:
             if not sink.sample(piece, now):
                 self._sink_full()
