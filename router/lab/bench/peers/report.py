@@ -5,6 +5,7 @@ its cells."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from router.lab.bench.peers.harness import Run
@@ -116,9 +117,9 @@ def notes(run: Run) -> list[str]:
 
 
 def ratios(run: Run, reference: str = REFERENCE) -> list[str]:
-    """Each lane-router tree's CPU per request or chunk divided by `reference`'s, over all rounds
-    and in each round (the two took their turns in the same round), and the paced streams'
-    TTFT p50 beside the reference's."""
+    """Each lane-router tree's CPU per request or chunk divided by `reference`'s, over all rounds,
+    in each round (the two took their turns in the same round) and the median of those, and the
+    paced streams' TTFT p50 beside the reference's."""
     theirs = next((r for r in run.results if r.label == reference and r.rounds), None)
     ours = [r for r in run.results if r.label.startswith("lane-router") and r.rounds]
     if theirs is None or not ours:
@@ -139,7 +140,9 @@ def _ratio_text(name: str, ours: TargetResult, theirs: TargetResult) -> str:
         return ""
     each = [_ratio(unit(x), unit(y)) for x, y in zip(a, b, strict=False)]
     rounds = ", ".join(_num(v, 2) for v in each)
-    return f"{title} {_num(_ratio(unit(combined(a)), unit(combined(b))), 2)} (rounds {rounds})"
+    known = [v for v in each if v is not None]
+    median = f"median {statistics.median(known):.2f}; " if known else ""
+    return f"{title} {_num(_ratio(unit(combined(a)), unit(combined(b))), 2)} ({median}rounds {rounds})"
 
 
 def _ttft_text(ours: TargetResult, theirs: TargetResult) -> str:

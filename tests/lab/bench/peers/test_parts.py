@@ -89,12 +89,17 @@ def test_rounds_are_summed_and_their_ttft_is_the_median() -> None:
 
 
 def test_lane_router_is_compared_with_vllm_router_over_the_run_and_round_by_round() -> None:
-    ours = TargetResult("lane-router", {"paced": [_paced(6400, 0.18, 21.5), _paced(6400, 0.22, 21.0)]})
-    theirs = TargetResult("vLLM Router", {"paced": [_paced(6400, 0.2, 21.0), _paced(6400, 0.2, 21.5)]})
+    ours = TargetResult(
+        "lane-router",
+        {"paced": [_paced(6400, 0.18, 21.5), _paced(6400, 0.22, 21.0), _paced(6400, 0.30, 22.0)]},
+    )
+    theirs = TargetResult(
+        "vLLM Router", {"paced": [_paced(6400, 0.2, 21.0), _paced(6400, 0.2, 21.5), _paced(6400, 0.2, 21.0)]}
+    )
     run = Run(results=[ours, theirs, TargetResult("nginx", {}, "not installed")])
     (line,) = ratios(run)
     assert line == (
-        "lane-router ÷ vLLM Router, CPU per request or chunk: paced 1.00 (rounds 0.90, 1.10); "
-        "paced TTFT p50 +0.0 ms (rounds +0.5, -0.5)."
+        "lane-router ÷ vLLM Router, CPU per request or chunk: paced 1.17 (median 1.10; rounds 0.90, 1.10, "
+        "1.50); paced TTFT p50 +0.5 ms (rounds +0.5, -0.5, +1.0)."
     )
     assert ratios(Run(results=[ours])) == []  # nothing to compare with
