@@ -37,14 +37,17 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime (fields 14 and 15 of proc(5)) of these processes, all threads included."""
-    ticks = 0
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """utime and stime (fields 14 and 15 of proc(5)) of these processes, all threads included:
+    the time in the proxy's own code and in the kernel's on its behalf (its reads and writes)."""
+    user = system = 0
     for pid in pids:
         fields = _stat_fields(pid)
         if fields is not None:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11])
+            system += int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
 
 
 def load_average() -> str:

@@ -195,14 +195,16 @@ def _measure(
     if warm_up and settings.warmup_s > 0:  # pools, caches, code paths: not measured
         _loadgen(scenario, running.port, settings, settings.warmup_s)
     progress(f"{running.target.label}: {scenario.title} ({duration:g} s)")
-    before = cpu.cpu_seconds(running.pids)
+    user, system = cpu.cpu_seconds(running.pids)
     load = _client(scenario, running.port, settings, duration)
-    used = cpu.cpu_seconds(running.pids) - before
+    user_after, system_after = cpu.cpu_seconds(running.pids)
     if load.errors or load.bad_counts:
         progress(
             f"{running.target.label}: {scenario.title}: {load.errors} errors, {load.bad_counts} wrong counts"
         )
-    return Measure(load, used if running.pids else None)
+    if not running.pids:
+        return Measure(load, None)
+    return Measure(load, user_after - user + system_after - system, user_after - user)
 
 
 def _client(scenario: Scenario, port: int, settings: Settings, duration: float) -> Load:

@@ -52,10 +52,12 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Measure:
-    """One scenario through one target: the load and the proxy's CPU seconds (None: no proxy)."""
+    """One scenario through one target: the load and the proxy's CPU seconds, and of those the
+    seconds in its own code rather than the kernel's (None: no proxy)."""
 
     load: Load
     proxy_cpu_s: float | None
+    proxy_user_s: float | None = None
 
     @property
     def req_s(self) -> float:
@@ -76,6 +78,12 @@ class Measure:
         if self.proxy_cpu_s is None or not self.load.chunks:
             return None
         return 1e6 * self.proxy_cpu_s / self.load.chunks
+
+    @property
+    def user_us_per_chunk(self) -> float | None:
+        if self.proxy_user_s is None or not self.load.chunks:
+            return None
+        return 1e6 * self.proxy_user_s / self.load.chunks
 
     @property
     def core_pct(self) -> float | None:
@@ -100,7 +108,12 @@ def combined(rounds: list[Measure]) -> Measure:
         ttft_p99_ms=_median([x.ttft_p99_ms for x in loads]),
         client=loads[0].client,
     )
-    return Measure(load, None if any(c is None for c in cpu) else sum(c for c in cpu if c is not None))
+    user = [m.proxy_user_s for m in rounds]
+    return Measure(load, _total(cpu), _total(user))
+
+
+def _total(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def _median(values: list[float | None]) -> float | None:

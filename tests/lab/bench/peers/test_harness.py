@@ -61,6 +61,6 @@ def test_a_tiny_run_measures_the_proxies_present_and_reports_the_absent(
         if row[0].startswith(("1 ", "2 ", "3 ")):
             assert _first_number(lane_router) > 0 and _first_number(bare) > 0  # CPU µs or core %
             assert direct.startswith("— ") and ";" not in direct  # no proxy, no proxy CPU
-    paced_us = [re.search(r"; ([\d.]+) µs", cell) for cell in rows[2][1:5:3]]
-    assert all(m and float(m.group(1)) > 0 for m in paced_us)
+    paced_us = [re.search(r"; ([\d.]+) µs \(([\d.]+)\)", cell) for cell in rows[2][1:5:3]]
+    assert all(m and 0 < float(m.group(2)) <= float(m.group(1)) for m in paced_us)  # user within all
     assert re.fullmatch(r"[+-]\d+\.\d / [+-]\d+\.\d", rows[3][1])  # added TTFT vs direct

@@ -76,14 +76,17 @@ def test_several_source_trees_get_a_column_each_and_a_tree_without_the_router_is
     assert missing(Target("nginx", "nginx"), absent) == f"not installed ({tmp_path / 'nginx'})"
 
 
-def _paced(chunks: int, cpu_s: float | None, ttft_p50: float) -> Measure:
-    return Measure(Load(chunks // 64, chunks, 0, 0, 5.0, ttft_p50, 2 * ttft_p50), cpu_s)
+def _paced(chunks: int, cpu_s: float | None, ttft_p50: float, user_s: float | None = None) -> Measure:
+    return Measure(Load(chunks // 64, chunks, 0, 0, 5.0, ttft_p50, 2 * ttft_p50), cpu_s, user_s)
 
 
 def test_rounds_are_summed_and_their_ttft_is_the_median() -> None:
-    total = combined([_paced(6400, 0.2, 21.0), _paced(12800, 0.6, 25.0), _paced(6400, 0.2, 22.0)])
+    total = combined(
+        [_paced(6400, 0.2, 21.0, 0.1), _paced(12800, 0.6, 25.0, 0.2), _paced(6400, 0.2, 22.0, 0.1)]
+    )
     assert (total.load.chunks, total.load.requests, total.load.elapsed_s) == (25600, 400, 15.0)
     assert total.us_per_chunk == 1e6 * 1.0 / 25600  # CPU over chunks of all rounds, not a mean of means
+    assert total.user_us_per_chunk == 1e6 * (0.1 + 0.2 + 0.1) / 25600
     assert (total.load.ttft_p50_ms, total.load.ttft_p99_ms) == (22.0, 44.0)
     assert combined([_paced(64, None, 1.0)]).proxy_cpu_s is None
 
