@@ -25,9 +25,8 @@ def whole_chunks(data: bytes) -> tuple[list[bytes], int]:
     pieces: list[bytes] = []
     at = 0
     while at < end:
-        start, size = _size_line(data, at, end)
-        stop = start + size
-        if size <= 0 or stop + 2 > end or data[stop] != _CR or data[stop + 1] != _LF:
+        start, stop = _whole_chunk(data, at, end)
+        if start < 0:
             break
         pieces.append(data[start:stop])
         at = stop + 2
@@ -38,10 +37,18 @@ def one_chunk(data: bytes) -> int:
     """Where the payload starts when `data` is one whole chunk, not the last (a paced stream's
     read); -1 when it is anything else. `whole_chunks` without the list, for the common case."""
     end = len(data)
-    start, size = _size_line(data, 0, end)
-    if size <= 0 or start + size + 2 != end or data[end - 2] != _CR or data[end - 1] != _LF:
-        return -1
-    return start
+    start, stop = _whole_chunk(data, 0, end)
+    return start if start > 0 and stop + 2 == end else -1
+
+
+def _whole_chunk(data: bytes, at: int, end: int) -> tuple[int, int]:
+    """Where the payload of the whole chunk at `at` starts and stops (its CRLF follows), for a
+    chunk that is not the last; (-1, -1) when there is none."""
+    start, size = _size_line(data, at, end)
+    stop = start + size
+    if size <= 0 or stop + 2 > end or data[stop] != _CR or data[stop + 1] != _LF:
+        return -1, -1
+    return start, stop
 
 
 def _size_line(data: bytes, at: int, end: int) -> tuple[int, int]:

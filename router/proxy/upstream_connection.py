@@ -157,11 +157,10 @@ class UpstreamConnection(UpstreamBody):
                 if start > 0 and self._paced(data):
                     self._relay(data[start:-2], data)  # checked framing, passed on as it came
                     return
-            self._last_read = self._now()
-            if self._at_chunk_start:
                 chunks, taken = whole_chunks(data)
                 self._pieces.extend(chunks)
                 rest = data[taken:] if taken else data
+            self._last_read = self._now()
             if rest:
                 # The parser reads the rest, from the start of a chunk or wherever it stood.
                 try:

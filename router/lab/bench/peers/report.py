@@ -105,7 +105,7 @@ def _cell(result: TargetResult, scenario: str, cell: Cell) -> str:
 
 
 def notes(run: Run) -> list[str]:
-    """Load averages (run and each target) and every error, under the table."""
+    """The run's load averages and every error, under the table."""
     out = [f"Load average (1/5/15 min): {run.load_start} at the start, {run.load_end} at the end."]
     problems = [
         f"{r.label} {name}: {m.load.errors} errors, {m.load.bad_counts} streams with a wrong token count"
