@@ -160,8 +160,12 @@ class LaneRouterApp:
             return
         await send({"type": "lifespan.startup.complete"})
         message = await receive()
+        # Not `finally`: compiled, an await there re-raises an exception its caller is handling
+        # (docs/compiled.md, "What a compiled module must not do").
         try:
             if context is not None:
                 await context.__aexit__(None, None, None)
-        finally:
+        except BaseException:
             await send({"type": "lifespan.shutdown.complete"})
+            raise
+        await send({"type": "lifespan.shutdown.complete"})

@@ -168,14 +168,21 @@ class Fleet:
         draining = [b for pool in self._draining for b in pool.draining]
         retired, self._retired = self._retired, []
         self._draining.clear()
+        # No await in a `finally` of this compiled module (docs/compiled.md): waited on every way out.
         try:
             for backend in draining:
                 await self._forget(backend)
             for upstream in retired:
                 await upstream.aclose()
-        finally:
-            if self._closing:
-                await asyncio.gather(*self._closing, return_exceptions=True)
+        except BaseException:
+            await self._closed()
+            raise
+        await self._closed()
+
+    async def _closed(self) -> None:
+        """Until every pool being closed is."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _by_index(backends: Iterable[Backend]) -> tuple[Backend, ...]:

@@ -137,3 +137,31 @@ def test_every_constant_of_a_compiled_module_is_final() -> None:
         if (name := _plain_constant(node)) is not None
     ]
     assert plain == []
+
+
+def _awaits(statements: list[ast.stmt]) -> list[int]:
+    """Lines of the awaits `statements` run themselves (not those of functions they define)."""
+    found: list[int] = []
+    todo: list[ast.AST] = list(statements)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)):
+            found.append(node.lineno)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_no_compiled_coroutine_awaits_in_a_finally_block() -> None:
+    # Compiled, a coroutine whose `finally` awaits raises, when the block ends, the exception its
+    # caller is handling, though its own `try` ended normally (docs/compiled.md, "What a compiled
+    # module must not do"). Clean-up that waits goes in `except BaseException` and after the `try`.
+    awaiting = [
+        f"{relative}:{line}"
+        for relative in listed(ROOT)
+        for node in ast.walk(ast.parse((ROOT / relative).read_text()))
+        if isinstance(node, ast.Try) and node.finalbody
+        for line in _awaits(node.finalbody)
+    ]
+    assert awaiting == []

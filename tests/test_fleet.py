@@ -190,3 +190,19 @@ async def test_raised_limits_admit_queued_requests_at_once() -> None:
         gate.finish(t)
     for rt in (old, new):
         await rt.aclose()
+
+
+async def test_closing_while_an_error_is_being_handled_raises_nothing() -> None:
+    # Closing awaits on every way out. Compiled (docs/compiled.md), an await in a `finally` would
+    # raise, once the block ends, the exception the caller is handling: the runtime's pools and
+    # the fleet's closing both wait on their way out.
+    metrics = Metrics()
+    old = build_runtime(shaped([A]), metrics)
+    new = build_runtime(shaped([B]), metrics, previous=old)  # A drains, held by no request
+    upstream = _backend(old, A).upstream
+    try:
+        raise LookupError("handled by the caller")
+    except LookupError:
+        await old.aclose()
+        await new.aclose()
+    assert await _is_closed(upstream)

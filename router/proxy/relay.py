@@ -95,36 +95,46 @@ async def _exchange(
     served = True
     response: UpstreamResponse | None = None
     gate = ex.lane.pool.gate
+    # A shared store's settlement, awaited once the rest is done: not in `finally`, where a
+    # compiled await re-raises an exception a caller is handling (docs/compiled.md).
+    settle: tuple[Charge, int | None, bool, float] | None = None
     try:
-        # Opened and relayed here, not in a coroutine of their own: one frame fewer on every resume.
-        response = await open_response(runtime, ex, gate)
-        await relay_response(runtime, ex, response, send)
-        status = ex.status
-    except asyncio.CancelledError:
-        if not watch.gone:
+        try:
+            # Opened and relayed here, not in a coroutine of their own: one frame fewer on every resume.
+            response = await open_response(runtime, ex, gate)
+            await relay_response(runtime, ex, response, send)
+            status = ex.status
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.uncancel()
+            status = "client_disconnect"
+            rm.disconnected("stream" if ex.first_byte_at is not None else "before_first_byte")
+        except RouterError as err:
+            status = err.status
+            served = ex.response_started or not isinstance(err, Unavailable)
             raise
-        watch.uncancel()
-        status = "client_disconnect"
-        rm.disconnected("stream" if ex.first_byte_at is not None else "before_first_byte")
-    except RouterError as err:
-        status = err.status
-        served = ex.response_started or not isinstance(err, Unavailable)
+        finally:
+            finish(ex, gate, response)
+            watchlist.drop(watch)
+            rm.in_flight.dec()
+            now = time.monotonic()
+            tail = _ended(ex, rm, status, watch.gone, now)
+            if charge is not None:
+                # The tokens the response reported using (None if unknown, or if nothing was served).
+                used = parse_usage(tail) if served else None
+                _, local, name, limits, tokens = charge
+                if local is not None:
+                    # The in-process store: settled here, without a coroutine.
+                    local.release(name, limits, tokens, used, now, served)
+                else:
+                    settle = (charge, used, served, now)
+    except BaseException:
+        if settle is not None:
+            await _settle_shared(*settle)
         raise
-    finally:
-        finish(ex, gate, response)
-        watchlist.drop(watch)
-        rm.in_flight.dec()
-        now = time.monotonic()
-        tail = _ended(ex, rm, status, watch.gone, now)
-        if charge is not None:
-            # The tokens the response reported using (None if unknown, or if nothing was served).
-            used = parse_usage(tail) if served else None
-            _, local, name, limits, tokens = charge
-            if local is not None:
-                # The in-process store: settled here, without a coroutine.
-                local.release(name, limits, tokens, used, now, served)
-            else:
-                await _settle_shared(charge, used, served, now)
+    if settle is not None:
+        await _settle_shared(*settle)
 
 
 def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:

@@ -159,20 +159,29 @@ async def _relay_decoupled(
     if pending:
         await buffer.put(pending)
     producer = asyncio.ensure_future(_pump(response, buffer, seen))
+    # No await in a `finally` of this compiled module (docs/compiled.md): stopped on every way out.
     try:
         while (data := await buffer.get()) is not None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         error = buffer.error
         if isinstance(error, UpstreamError):
             await _end_with_error(error, seen.is_sse, send)
-            return
-        if error is not None:
+        elif error is not None:
             raise error
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        seen.ex.answered = True
-    finally:
-        producer.cancel()
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            seen.ex.answered = True
+    except BaseException:
+        await _stop(producer, buffer)
+        raise
+    await _stop(producer, buffer)
+
+
+async def _stop(producer: asyncio.Future[None], buffer: StreamBuffer) -> None:
+    producer.cancel()
+    try:
         await asyncio.gather(producer, return_exceptions=True)
+    finally:
         buffer.release()
 
 
