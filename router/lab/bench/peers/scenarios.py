@@ -80,6 +80,12 @@ class Measure:
         return 1e6 * self.proxy_cpu_s / self.load.chunks
 
     @property
+    def user_us_per_request(self) -> float | None:
+        if self.proxy_user_s is None or not self.load.requests:
+            return None
+        return 1e6 * self.proxy_user_s / self.load.requests
+
+    @property
     def user_us_per_chunk(self) -> float | None:
         if self.proxy_user_s is None or not self.load.chunks:
             return None

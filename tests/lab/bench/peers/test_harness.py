@@ -22,7 +22,11 @@ def _table(out: str) -> list[list[str]]:
 def _first_number(cell: str) -> float:
     found = NUMBER.search(cell)
     assert found, cell
-    return float(found.group().replace(",", ""))
+    return _number(found.group())
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
 
 
 @pytest.mark.timeout(600)  # a dozen processes start on a shared 2-core machine
@@ -61,6 +65,8 @@ def test_a_tiny_run_measures_the_proxies_present_and_reports_the_absent(
         if row[0].startswith(("1 ", "2 ", "3 ")):
             assert _first_number(lane_router) > 0 and _first_number(bare) > 0  # CPU µs or core %
             assert direct.startswith("— ") and ";" not in direct  # no proxy, no proxy CPU
+    whole_us = [re.match(r"([\d,.]+) \(([\d,.]+); ", cell) for row in rows[:2] for cell in row[1:5:3]]
+    assert all(m and 0 < _number(m.group(2)) <= _number(m.group(1)) for m in whole_us)  # user within all
     paced_us = [re.search(r"; ([\d.]+) µs \(([\d.]+)\)", cell) for cell in rows[2][1:5:3]]
     assert all(m and 0 < float(m.group(2)) <= float(m.group(1)) for m in paced_us)  # user within all
     assert re.fullmatch(r"[+-]\d+\.\d / [+-]\d+\.\d", rows[3][1])  # added TTFT vs direct
