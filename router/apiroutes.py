@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 from router.config.models import RouteScope
 from router.requestfields import Endpoint
@@ -28,17 +29,17 @@ def _route(endpoint: Endpoint, scope: RouteScope, target: str, **kw: bool) -> Ap
     return ApiRoute(endpoint, scope, target.encode(), **kw)
 
 
-_CHAT = _route("chat", RouteScope.CHAT, "/v1/chat/completions")
-_RERANK = _route("rerank", RouteScope.RERANK, "/rerank")
-_SCORE = _route("score", RouteScope.SCORE, "/score")
-_TRANSCRIBE = _route(
+_CHAT: Final = _route("chat", RouteScope.CHAT, "/v1/chat/completions")
+_RERANK: Final = _route("rerank", RouteScope.RERANK, "/rerank")
+_SCORE: Final = _route("score", RouteScope.SCORE, "/score")
+_TRANSCRIBE: Final = _route(
     "transcriptions", RouteScope.AUDIO, "/v1/audio/transcriptions", engine_fields=False, multipart=True
 )
-_TRANSLATE = _route(
+_TRANSLATE: Final = _route(
     "translations", RouteScope.AUDIO, "/v1/audio/translations", engine_fields=False, multipart=True
 )
 
-PROXIED: dict[bytes, ApiRoute] = {
+PROXIED: Final[dict[bytes, ApiRoute]] = {
     b"/v1/chat/completions": _CHAT,
     b"/v1/completions": _route("completions", RouteScope.COMPLETIONS, "/v1/completions"),
     b"/v1/embeddings": _route("embeddings", RouteScope.EMBEDDINGS, "/v1/embeddings"),
@@ -55,14 +56,14 @@ PROXIED: dict[bytes, ApiRoute] = {
 }
 
 # Routes that generate no tokens: no output bound is judged or written.
-NO_OUTPUT: frozenset[Endpoint] = frozenset({"embeddings", "rerank", "score", "tokenize", "detokenize"})
+NO_OUTPUT: Final[frozenset[Endpoint]] = frozenset({"embeddings", "rerank", "score", "tokenize", "detokenize"})
 
 # The id part of `/v1/responses/{id}` and `/v1/responses/{id}/cancel`. vLLM's ids are
 # `resp_` and hex digits; the charset admits no path syntax, so the path sent upstream is still
 # built only of the router's constants and a validated token.
-RESPONSES_PREFIX = b"/v1/responses/"
-RESPONSE_ID = re.compile(rb"resp_[A-Za-z0-9_-]{1,128}")
-_STORED = re.compile(rb"/v1/responses/(resp_[A-Za-z0-9_-]{1,128})(/cancel)?")
+RESPONSES_PREFIX: Final = b"/v1/responses/"
+RESPONSE_ID: Final = re.compile(rb"resp_[A-Za-z0-9_-]{1,128}")
+_STORED: Final = re.compile(rb"/v1/responses/(resp_[A-Za-z0-9_-]{1,128})(/cancel)?")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,15 +25,9 @@ from router.errors import RateLimited
 REFILL_S: Final = 60.0
 
 
-# Limits, levels and verdicts are named tuples: immutable values that cost a request no more
-# than a tuple each, which the request path makes several of. Those built per request are made
-# by `_new`, the tuple constructor itself: a named tuple's own `__new__` is a Python function.
-# The functions below unpack them rather than read their fields by name, which costs a
-# descriptor call each.
-_new: Final = tuple.__new__
-
-
 class Limits(NamedTuple):
+    """A key's limits, from its profile entry: made once per key, read by every request."""
+
     rpm: int | None = None
     tpm: int | None = None
     max_concurrency: int | None = None
@@ -43,33 +37,73 @@ class Limits(NamedTuple):
         return self.rpm is not None or self.tpm is not None or self.max_concurrency is not None
 
 
-class Verdict(NamedTuple):
-    allowed: bool
-    reason: str = ""  # requests | tokens | concurrency | too_large when refused
-    retry_after_s: float = 0.0
-    remaining_requests: int | None = None
-    remaining_tokens: int | None = None
-    # The store charged this request: it must be settled or refunded. False when a shared store
-    # could not be reached and its policy let the request through uncounted.
-    recorded: bool = True
+# Levels and verdicts are plain classes, not named tuples: every request makes a verdict and new
+# levels, and a compiled class is built by one C call and read field by field as C values, where
+# a named tuple is built through Python's tuple constructor and its floats are boxed and unboxed at
+# every step (router/ratelimit.py is on the compiled request path, docs/compiled.md). Both are
+# values: nothing changes them once built.
 
 
-class Levels(NamedTuple):
+class Verdict:
+    __slots__ = ("allowed", "reason", "recorded", "remaining_requests", "remaining_tokens", "retry_after_s")
+
+    def __init__(
+        self,
+        allowed: bool,
+        reason: str = "",
+        retry_after_s: float = 0.0,
+        remaining_requests: int | None = None,
+        remaining_tokens: int | None = None,
+        recorded: bool = True,
+    ) -> None:
+        self.allowed: Final = allowed
+        self.reason: Final = reason  # requests | tokens | concurrency | too_large when refused
+        self.retry_after_s: Final = retry_after_s
+        self.remaining_requests: Final = remaining_requests
+        self.remaining_tokens: Final = remaining_tokens
+        # The store charged this request: it must be settled or refunded. False when a shared
+        # store could not be reached and its policy let the request through uncounted.
+        self.recorded: Final = recorded
+
+    def __repr__(self) -> str:
+        return (
+            f"Verdict(allowed={self.allowed}, reason={self.reason!r}, retry_after_s={self.retry_after_s},"
+            f" remaining_requests={self.remaining_requests}, remaining_tokens={self.remaining_tokens},"
+            f" recorded={self.recorded})"
+        )
+
+
+class Levels:
     """One key's buckets: requests and tokens left (tokens may be negative after an
     underestimate), and its requests in flight."""
 
-    requests: float
-    tokens: float
-    in_flight: int = 0
+    __slots__ = ("in_flight", "requests", "tokens")
 
-    @classmethod
-    def full(cls, limits: Limits) -> Levels:
-        return cls(float(limits.rpm or 0), float(limits.tpm or 0))
+    def __init__(self, requests: float, tokens: float, in_flight: int = 0) -> None:
+        self.requests: Final = requests
+        self.tokens: Final = tokens
+        self.in_flight: Final = in_flight
+
+    @staticmethod
+    def full(limits: Limits) -> Levels:
+        return Levels(float(limits.rpm or 0), float(limits.tpm or 0))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Levels):
+            return NotImplemented
+        return (
+            self.requests == other.requests
+            and self.tokens == other.tokens
+            and self.in_flight == other.in_flight
+        )
+
+    def __repr__(self) -> str:
+        return f"Levels(requests={self.requests}, tokens={self.tokens}, in_flight={self.in_flight})"
 
 
 def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
     elapsed = elapsed_s if elapsed_s > 0.0 else 0.0
-    requests, tokens, in_flight = levels
+    requests, tokens = levels.requests, levels.tokens
     rpm, tpm, _ = limits
     if rpm is not None:
         requests += elapsed * rpm / REFILL_S
@@ -79,7 +113,7 @@ def refill(levels: Levels, limits: Limits, elapsed_s: float) -> Levels:
         tokens += elapsed * tpm / REFILL_S
         if tokens > tpm:
             tokens = float(tpm)
-    return _new(Levels, (requests, tokens, in_flight))
+    return Levels(requests, tokens, levels.in_flight)
 
 
 def judge(levels: Levels, limits: Limits, tokens: int) -> Verdict:
@@ -92,8 +126,8 @@ def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]
     """`judge`, with the levels after it: charged when allowed, unchanged when refused."""
     rpm, tpm, max_concurrency = limits
     if tpm is not None and tokens > tpm:
-        return Verdict(False, "too_large", REFILL_S, *_remaining(levels, limits)), levels
-    requests_left, tokens_left, in_flight = levels
+        return _verdict(False, "too_large", REFILL_S, levels, limits), levels
+    requests_left, tokens_left = levels.requests, levels.tokens
     wait = 0.0
     reason = ""
     if rpm is not None and requests_left < 1.0:
@@ -102,55 +136,55 @@ def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]
         token_wait = (tokens - tokens_left) * REFILL_S / tpm
         if token_wait > wait:
             wait, reason = token_wait, "tokens"
-    if not reason and max_concurrency is not None and in_flight >= max_concurrency:
+    if not reason and max_concurrency is not None and levels.in_flight >= max_concurrency:
         wait, reason = 1.0, "concurrency"
     if reason:
-        return Verdict(False, reason, wait, *_remaining(levels, limits)), levels
+        return _verdict(False, reason, wait, levels, limits), levels
     charged = charge(levels, limits, tokens)
-    return _new(Verdict, (True, "", 0.0, *_remaining(charged, limits), True)), charged
+    return _verdict(True, "", 0.0, charged, limits), charged
 
 
 def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
-    requests, left, in_flight = levels
+    requests, left = levels.requests, levels.tokens
     rpm, tpm, _ = limits
     if rpm is not None:
         requests -= 1.0
     if tpm is not None:
         left -= tokens
-    return _new(Levels, (requests, left, in_flight + 1))
+    return Levels(requests, left, levels.in_flight + 1)
 
 
 def settled(levels: Levels, limits: Limits, charged: int, used: int | None) -> Levels:
     """The request ended: its concurrency slot is free and, when `used` is known, its token
     charge is corrected by `used - charged`."""
-    requests, tokens, in_flight = levels
-    tpm = limits[1]
+    tokens = levels.tokens
+    tpm = limits.tpm
     if used is not None and tpm is not None:
         # May go below zero: an underestimate is paid back from the next requests' allowance.
         tokens = min(float(tpm), tokens - (used - charged))
-    return _new(Levels, (requests, tokens, in_flight - 1 if in_flight > 0 else 0))
+    in_flight = levels.in_flight
+    return Levels(levels.requests, tokens, in_flight - 1 if in_flight > 0 else 0)
 
 
 def refunded(levels: Levels, limits: Limits, charged: int) -> Levels:
     """The request ended unserved: its slot, its request and its tokens are given back."""
     requests, tokens = levels.requests, levels.tokens
-    if limits.rpm is not None:
-        requests = min(float(limits.rpm), requests + 1.0)
-    if limits.tpm is not None:
-        tokens = min(float(limits.tpm), tokens + charged)
-    in_flight = levels.in_flight
-    return _new(Levels, (requests, tokens, in_flight - 1 if in_flight > 0 else 0))
-
-
-def _remaining(levels: Levels, limits: Limits) -> tuple[int | None, int | None]:
-    """Whole requests and tokens left under each limit (None for no limit), never below 0."""
-    floor = math.floor
-    requests, tokens, _ = levels
     rpm, tpm, _ = limits
-    return (
-        None if rpm is None else max(0, floor(requests)),
-        None if tpm is None else max(0, floor(tokens)),
-    )
+    if rpm is not None:
+        requests = min(float(rpm), requests + 1.0)
+    if tpm is not None:
+        tokens = min(float(tpm), tokens + charged)
+    in_flight = levels.in_flight
+    return Levels(requests, tokens, in_flight - 1 if in_flight > 0 else 0)
+
+
+def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Limits) -> Verdict:
+    """A verdict with the whole requests and tokens left under each limit (None for no limit),
+    never below 0."""
+    rpm, tpm, _ = limits
+    requests = None if rpm is None else max(0, math.floor(levels.requests))
+    tokens = None if tpm is None else max(0, math.floor(levels.tokens))
+    return Verdict(allowed, reason, wait, requests, tokens)
 
 
 class RateStore(Protocol):
@@ -176,26 +210,31 @@ class MemoryRateStore:
     directly; the coroutines serve callers of the `RateStore` protocol."""
 
     def __init__(self) -> None:
-        self._keys: dict[str, tuple[Levels, float]] = {}
+        self._keys: dict[str, _Held] = {}
 
     def take(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
         """`acquire`, without a coroutine."""
-        keys = self._keys
-        found = keys.get(key)
-        levels = Levels.full(limits) if found is None else refill(found[0], limits, now - found[1])
-        verdict, levels = admit(levels, limits, tokens)
-        keys[key] = (levels, now)
+        held = self._held(key, limits, now)
+        verdict, held.levels = admit(held.levels, limits, tokens)
         return verdict
 
     def release(
         self, key: str, limits: Limits, charged: int, used: int | None, now: float, served: bool
     ) -> None:
         """`settle` when the request was served, else `refund`, without a coroutine."""
-        keys = self._keys
-        found = keys.get(key)
-        levels = Levels.full(limits) if found is None else refill(found[0], limits, now - found[1])
-        levels = settled(levels, limits, charged, used) if served else refunded(levels, limits, charged)
-        keys[key] = (levels, now)
+        held = self._held(key, limits, now)
+        levels = held.levels
+        held.levels = settled(levels, limits, charged, used) if served else refunded(levels, limits, charged)
+
+    def _held(self, key: str, limits: Limits, now: float) -> _Held:
+        """The key's levels refilled up to `now`, which they are then taken at."""
+        held = self._keys.get(key)
+        if held is None:
+            held = self._keys[key] = _Held(Levels.full(limits), now)
+        else:
+            held.levels = refill(held.levels, limits, now - held.at)
+            held.at = now
+        return held
 
     async def acquire(self, key: str, limits: Limits, tokens: int, now: float) -> Verdict:
         return self.take(key, limits, tokens, now)
@@ -205,6 +244,16 @@ class MemoryRateStore:
 
     async def refund(self, key: str, limits: Limits, charged: int, now: float) -> None:
         self.release(key, limits, charged, None, now, served=False)
+
+
+class _Held:
+    """A key's levels in the in-process store and the time they were refilled to."""
+
+    __slots__ = ("at", "levels")
+
+    def __init__(self, levels: Levels, at: float) -> None:
+        self.levels = levels
+        self.at = at
 
 
 # A request let through uncounted: the shared levels could not be reached and the policy is open.

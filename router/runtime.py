@@ -26,6 +26,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from router.admission import PrefillLimits
 from router.auth import KeyRing, build_keys
 from router.backendhealth import Health
@@ -54,6 +56,9 @@ from router.tokens import PromptCosts, PromptCounter, make_counter
 __all__ = ["Backend", "Health", "Lane", "Pool", "Runtime", "backend_label", "build_runtime"]
 
 
+# A Python class even where this module is compiled: the shared slot gate holds lanes in weak
+# sets (router/slots/gate.py), and compiled instances take no weak reference.
+@mypyc_attr(native_class=False)
 @dataclass(eq=False)
 class Lane:
     cls: RequestClass
@@ -117,14 +122,17 @@ class Runtime:
             self.fleet.sweep()  # the request may have been the last one on a draining backend
 
     async def close_when_drained(self, timeout: float) -> None:
+        # No await in a `finally` of this compiled module (docs/compiled.md): closed on every way out.
         try:
             if self.active:
                 drained = self._drained = asyncio.Event()
                 await asyncio.wait_for(drained.wait(), timeout)
         except TimeoutError:
             pass
-        finally:
+        except BaseException:
             await self.aclose()
+            raise
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Give up this runtime's hold on its pools (those no other runtime holds close) and on
@@ -134,9 +142,14 @@ class Runtime:
         self._closed = True
         try:
             await self.fleet.release(self.pools.values())
-        finally:
-            if self.shared is not None:
-                await self.shared.release()
+        except BaseException:
+            await self._release_shared()
+            raise
+        await self._release_shared()
+
+    async def _release_shared(self) -> None:
+        if self.shared is not None:
+            await self.shared.release()
 
     def ready(self) -> bool:
         return all(lane.pool.has_healthy_backend() for lane in self.lanes.values())

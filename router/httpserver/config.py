@@ -4,10 +4,11 @@ it runs. One frozen object, built once (router/server.py builds it from `Setting
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 # A client that needs longer than this for one request head is either broken or an attacker;
 # the setting may only shorten it.
-HEAD_TIMEOUT_MAX_S = 30.0
+HEAD_TIMEOUT_MAX_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)

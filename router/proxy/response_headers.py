@@ -9,7 +9,6 @@ unchanged. Everything else the client sees (`x-request-id`, `x-lane-router-*`, `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
 Headers = list[tuple[bytes, bytes]]
@@ -18,7 +17,7 @@ _SSE: Final = b"text/event-stream"
 
 
 def client_headers(
-    upstream: Sequence[tuple[bytes, bytes]], own: Sequence[tuple[bytes, bytes]]
+    upstream: list[tuple[bytes, bytes]], own: list[tuple[bytes, bytes]]
 ) -> tuple[Headers, bool]:
     """The headers to answer with, and whether the body is a stream of server-sent events.
 

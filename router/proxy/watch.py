@@ -76,14 +76,18 @@ class Watchlist:
 
     def watch(self, exchange: Answerable, receive: Receive) -> Watch:
         """A watch for the current task, begun the list's delay from now unless dropped first."""
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
-        assert task is not None
-        watch = Watch(task, exchange, receive, loop.time())
-        if loop is not self._loop:
+        # The task current on the list's loop is the caller's while that loop runs this thread:
+        # asking for the running loop instead costs a system call (asyncio checks the pid).
+        loop = self._loop
+        task = None if loop is None else asyncio.current_task(loop)
+        if task is None or loop is None:
             # A runtime used from a new loop (tests run several) starts its timer afresh.
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
+            assert task is not None
             self._loop, self._timer = loop, None
             self._waiting.clear()
+        watch = Watch(task, exchange, receive, loop.time())
         self._waiting[watch] = None
         if self._timer is None:
             self._timer = loop.call_at(watch.started + self._after_s, self._due)
