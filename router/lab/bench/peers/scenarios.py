@@ -69,33 +69,32 @@ class Measure:
 
     @property
     def us_per_request(self) -> float | None:
-        if self.proxy_cpu_s is None or not self.load.requests:
-            return None
-        return 1e6 * self.proxy_cpu_s / self.load.requests
+        return _micros_each(self.proxy_cpu_s, self.load.requests)
 
     @property
     def us_per_chunk(self) -> float | None:
-        if self.proxy_cpu_s is None or not self.load.chunks:
-            return None
-        return 1e6 * self.proxy_cpu_s / self.load.chunks
+        return _micros_each(self.proxy_cpu_s, self.load.chunks)
 
     @property
     def user_us_per_request(self) -> float | None:
-        if self.proxy_user_s is None or not self.load.requests:
-            return None
-        return 1e6 * self.proxy_user_s / self.load.requests
+        return _micros_each(self.proxy_user_s, self.load.requests)
 
     @property
     def user_us_per_chunk(self) -> float | None:
-        if self.proxy_user_s is None or not self.load.chunks:
-            return None
-        return 1e6 * self.proxy_user_s / self.load.chunks
+        return _micros_each(self.proxy_user_s, self.load.chunks)
 
     @property
     def core_pct(self) -> float | None:
         if self.proxy_cpu_s is None or not self.load.elapsed_s:
             return None
         return 100 * self.proxy_cpu_s / self.load.elapsed_s
+
+
+def _micros_each(seconds: float | None, count: int) -> float | None:
+    """`seconds` of CPU in µs per one of `count` (None: no proxy, or nothing counted)."""
+    if seconds is None or not count:
+        return None
+    return 1e6 * seconds / count
 
 
 def combined(rounds: list[Measure]) -> Measure:
