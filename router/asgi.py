@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -19,30 +20,35 @@ Send = Callable[[Message], Awaitable[None]]
 BODY_WRITER: Final = "lane_router.body_writer"
 
 
-class BodyWriter(Protocol):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class BodyWriter:
     """Writes a started response's body without awaiting: the same bytes `send` would write for
-    `http.response.body` messages."""
+    `http.response.body` messages. A base class, not a protocol: compiled, a relay's call for
+    every read of a stream is then a direct one to the server's writer (router/httpserver/
+    exchange.py), not a call by name."""
+
+    __slots__ = ()
 
     def write_body(self, body: bytes, last: bool) -> bool:
         """Write `body` (and end the response when `last`); True while the client's transport
         is full, until `when_writable` calls back."""
-        ...
+        raise NotImplementedError
 
     def write_chunks(self, framed: bytes, body: bytes) -> bool:
         """`write_body(body, False)` for a part the caller also holds framed as whole chunks of
         a chunked body (`framed`: each a size line of hex digits, its bytes and CRLF, none the
         last; `body`, their bytes). A chunked response takes `framed` as it is, without framing
         it again; any other writes `body`."""
-        ...
+        raise NotImplementedError
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the client's transport takes writes again (at once if it does)."""
-        ...
+        raise NotImplementedError
 
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         """The whole response at once: what `http.response.start` and one last
         `http.response.body` sent back to back would write, and the same errors."""
-        ...
+        raise NotImplementedError
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

@@ -111,18 +111,33 @@ class Buckets:
         return low
 
 
+class _Count:
+    """One bucket's count, changed in place: compiled, a float kept in a list would be a new
+    object for every observation (a stream observes one per chunk)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
 class HistogramValue:
-    __slots__ = ("_buckets", "counts", "created", "le", "sum")
+    __slots__ = ("_buckets", "_counts", "created", "le", "sum")
 
     def __init__(self, buckets: Buckets) -> None:
         self._buckets = buckets
         self.le = buckets.le
-        self.counts = [0.0] * len(buckets.bounds)
+        self._counts = [_Count() for _ in buckets.bounds]
         self.sum = 0.0
         self.created = time.time()
 
+    @property
+    def counts(self) -> list[float]:
+        """Each bucket's own count (not cumulative), in the order of the bounds."""
+        return [count.value for count in self._counts]
+
     def observe(self, amount: float) -> None:
-        self.counts[self._buckets.index(amount)] += 1.0
+        self._counts[self._buckets.index(amount)].value += 1.0
         self.sum += amount
 
 

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from router.asgi import BODY_WRITER
+from router.asgi import BODY_WRITER, BodyWriter
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
 from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_error
 
@@ -26,7 +26,7 @@ STARTED: Final = 1
 DONE: Final = 2
 
 
-class Exchange:
+class Exchange(BodyWriter):
     __slots__ = (
         "_body_done",
         "_body_sent",

@@ -17,21 +17,20 @@ _monotonic: Final = time.monotonic
 
 class UsageTail:
     """The last USAGE_TAIL_BYTES of a response, where its usage report is. Chunks are kept by
-    reference, so keeping them copies nothing. Keeping one is a bare append (`keep`, a C method:
-    no Python call per chunk); the relay trims once the response's byte count reaches `due`, so
+    reference, so keeping them copies nothing. Keeping one is a bare append to `chunks` (no
+    call of ours per chunk); the relay trims once the response's byte count reaches `due`, so
     the kept chunks never span much more than twice USAGE_TAIL_BYTES plus one chunk."""
 
-    __slots__ = ("_chunks", "due", "keep")
+    __slots__ = ("chunks", "due")
 
     def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self.keep = self._chunks.append
+        self.chunks: list[bytes] = []
         self.due = USAGE_TAIL_BYTES  # the byte count of the response at which to trim
 
     def trim(self, total: int) -> None:
         """Drop the chunks older than the last USAGE_TAIL_BYTES; `total` is the response's byte
         count so far, the last kept chunk included."""
-        chunks = self._chunks
+        chunks = self.chunks
         start = len(chunks)
         size = 0
         while start > 0 and size < USAGE_TAIL_BYTES:
@@ -43,10 +42,10 @@ class UsageTail:
     @property
     def held(self) -> int:
         """Bytes kept now (what a stream costs in memory for its usage report)."""
-        return sum(map(len, self._chunks))
+        return sum(map(len, self.chunks))
 
     def value(self) -> bytes:
-        return b"".join(self._chunks)[-USAGE_TAIL_BYTES:]
+        return b"".join(self.chunks)[-USAGE_TAIL_BYTES:]
 
 
 class ChunkLog:
@@ -76,7 +75,7 @@ class ChunkLog:
         total = ex.bytes_out = ex.bytes_out + len(chunk)
         tail = self._tail
         if tail is not None:
-            tail.keep(chunk)
+            tail.chunks.append(chunk)
             if total >= tail.due:
                 tail.trim(total)
         if self._on_chunk is not None:

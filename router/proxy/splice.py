@@ -39,8 +39,6 @@ class Splice:
         "_lagging",
         "_response",
         "_seen",
-        "_write_body",
-        "_write_chunks",
         "_writer",
         "outcome",
         "pending",
@@ -56,9 +54,6 @@ class Splice:
     ) -> None:
         self._seen = seen
         self._writer = writer
-        # Bound once: every read of a stream writes, and a call by name looks the method up.
-        self._write_body = writer.write_body
-        self._write_chunks = writer.write_chunks
         self._response = response
         self._lagging = lagging
         self.sample_at = time.monotonic() + LAG_CHECK_S
@@ -71,12 +66,12 @@ class Splice:
 
     def write(self, data: bytes, last: bool) -> bool:
         """Write a read to the client; True while its transport is full."""
-        return self._write_body(data, last)
+        return self._writer.write_body(data, last)
 
     def write_framed(self, framed: bytes, data: bytes) -> bool:
         """`write` of a read that is whole chunks as the backend framed them (`framed`; `data`,
         their bytes): a chunked response passes them on without framing them again."""
-        return self._write_chunks(framed, data)
+        return self._writer.write_chunks(framed, data)
 
     def relay(self, data: bytes, last: bool) -> bool:
         if data:

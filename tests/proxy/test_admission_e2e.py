@@ -106,11 +106,14 @@ async def test_with_a_prefill_rate_a_non_streamed_request_releases_after_its_est
 async def test_queue_deadline_answers_503_with_retry_after_and_counts_the_rejection() -> None:
     shape = shaped(chat={"max_in_flight": 1, "queue_timeout_s": 0.2})
     async with router_stack(n_backends=1, shape=shape) as stack:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=1.0)
+        # The first request keeps the slot until the second has timed out in the queue.
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
         async with stack.client() as client:
             slow = asyncio.ensure_future(_post(client, SHORT))
             await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
             refused, _ = await _post(client, SHORT)
+            release.set()
             await slow
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "queue_timeout"
@@ -123,13 +126,15 @@ async def test_queue_deadline_answers_503_with_retry_after_and_counts_the_reject
 async def test_a_full_lane_queue_refuses_at_once() -> None:
     shape = shaped(chat={"max_in_flight": 1, "queue_limit": 0})
     async with router_stack(n_backends=1, shape=shape) as stack:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=2.0)
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
         async with stack.client() as client:
             slow = asyncio.ensure_future(_post(client, SHORT))
             await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
             refused, _ = await _post(client, SHORT)
             # Refused while the slot is still taken, not once it frees.
             still_running = not slow.done()
+            release.set()
             await slow
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
         assert still_running

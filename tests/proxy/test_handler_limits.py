@@ -94,10 +94,14 @@ async def test_a_request_refused_by_the_lane_queue_gives_its_quota_back() -> Non
         return data
 
     async with router_stack(n_backends=1, shape=shape) as stack, stack.client() as client:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=0.5)
+        # The first request holds the lane's one slot until the second was refused, however
+        # slowly the machine runs.
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
         held = asyncio.ensure_future(client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS))
         await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
         refused = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
+        release.set()
         await held
         after = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
 
@@ -107,11 +111,13 @@ async def test_a_request_refused_by_the_lane_queue_gives_its_quota_back() -> Non
 
 async def test_concurrency_limit() -> None:
     async with router_stack(n_backends=1, shape=with_limited_key(max_concurrency=1)) as stack:
-        stack.backends[0].behaviour = Behaviour(tokens=2, ttft_s=0.4)
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
         async with stack.client() as client:
             held = asyncio.ensure_future(client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS))
             await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
             refused = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
+            release.set()
             assert (await held).status_code == 200
             again = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_concurrency"

@@ -23,14 +23,14 @@ import asyncio
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
 
 from router import BUILD
 from router.apiroutes import PROXIED
-from router.asgi import BODY_WRITER, Message
+from router.asgi import BODY_WRITER, BodyWriter, Message
 from router.auth import hash_key
 from router.config.load import parse_profile
 from router.metrics import Metrics
@@ -149,7 +149,7 @@ class _Receive:
         return message if message is not None else await self._after()
 
 
-class _Writer:
+class _Writer(BodyWriter):
     """The server's `BodyWriter` (router/asgi.py) over a client that takes every write."""
 
     def write_body(self, body: bytes, last: bool) -> bool:
@@ -161,7 +161,7 @@ class _Writer:
     def when_writable(self, callback: Callable[[], None]) -> None:
         callback()
 
-    def respond(self, status: int, headers: object, body: bytes) -> None:
+    def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         return None
 
 
