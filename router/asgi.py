@@ -45,6 +45,12 @@ class BodyWriter:
         """Call `callback` once the client's transport takes writes again (at once if it does)."""
         raise NotImplementedError
 
+    def unsent(self) -> int:
+        """Bytes written toward the client that it has not received yet: the server's own write
+        buffer plus the kernel's unacknowledged send queue (router/slowclient.py measures a
+        client's lag with it); 0 once the client has gone."""
+        raise NotImplementedError
+
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         """The whole response at once: what `http.response.start` and one last
         `http.response.body` sent back to back would write, and the same errors."""

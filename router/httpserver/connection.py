@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
+import sys
+import termios
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -33,12 +36,16 @@ CLOSE_FLUSH_S: Final = 30.0
 # to this long (clients write the whole body before they read), then the connection closes.
 DRAIN_S: Final = 10.0
 TASK_NAME: Final = "lane-router-request"
+# TIOCOUTQ == SIOCOUTQ on Linux: a TCP socket's unacknowledged send queue. Absent elsewhere (-1).
+_OUTQ: Final[int] = getattr(termios, "TIOCOUTQ", -1)
+_NATIVE_ORDER: Final = sys.byteorder  # the ioctl answers an int as the machine stores it
 
 
 class Connection(RequestReader):
     __slots__ = (
         "_active",
         "_ctx",
+        "_fd",
         "_queue",
         "_since",
         "_writable",
@@ -56,6 +63,7 @@ class Connection(RequestReader):
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
         self._writable: list[Callable[[], None]] = []  # called once writes are taken again
+        self._fd = -1  # the socket's, while the connection is open; -1 when there is none
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -72,6 +80,7 @@ class Connection(RequestReader):
         ctx.connections.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            self._fd = sock.fileno()
             with contextlib.suppress(OSError):
                 # Without it the first small write of a stream can wait for a delayed ACK.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -85,6 +94,7 @@ class Connection(RequestReader):
         self.rearm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._fd = -1  # closed: the number may soon name another socket
         self._ctx.forget(self)
         self._phase = ENDING
         self.disarm()
@@ -112,6 +122,19 @@ class Connection(RequestReader):
             self._writable.append(callback)
         else:
             callback()
+
+    def unsent(self) -> int:
+        """Bytes written and not yet received by the client: the transport's buffer plus the
+        kernel's unacknowledged send queue (the transport's alone where the platform does not
+        tell the queue)."""
+        queued = 0
+        if self._fd >= 0 and _OUTQ >= 0:
+            try:
+                queued = int.from_bytes(fcntl.ioctl(self._fd, _OUTQ, b"\0\0\0\0"), _NATIVE_ORDER)
+            except OSError:  # closed meanwhile: nothing is queued any more
+                queued = 0
+        buffered: int = self.transport.get_write_buffer_size()
+        return queued + buffered
 
     def _wake_writer(self) -> None:
         if self._writable:

@@ -206,6 +206,9 @@ class Exchange(BodyWriter):
     def when_writable(self, callback: Callable[[], None]) -> None:
         self._conn.when_writable(callback)
 
+    def unsent(self) -> int:
+        return 0 if self._gone else self._conn.unsent()
+
     def respond(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
         """`BodyWriter` (router/asgi.py): a whole response, as a start and a last body message
         sent back to back would make it, its head and body in one write."""

@@ -75,14 +75,14 @@ async def _relay_spliced(
 ) -> None:
     """The body from the upstream read callback to the client's socket (router/proxy/splice.py);
     this task wakes only when it ends."""
-    splice = Splice(seen, writer, response, lambda: _lagging(runtime, response, send))
+    splice = Splice(seen, writer, response, lambda: _lagging(runtime, response, send, writer))
     response.attach(splice)
     try:
         outcome = await splice.outcome
     finally:
         response.detach()
     if outcome == DONE:
-        if seen.is_sse and _lagging(runtime, response, send):
+        if seen.is_sse and _lagging(runtime, response, send, writer):
             # The whole answer fit in the socket buffers, but the client is far behind it.
             _mark_slow(runtime, seen.ex)
     elif outcome == LAGGING:
@@ -102,6 +102,7 @@ async def _relay_direct(
     next_check = time.monotonic() + LAG_CHECK_S
     more = True
     record = seen.record
+    writer = seen.ex.writer
     if first:
         record(first)
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -110,7 +111,7 @@ async def _relay_direct(
             now = record(chunk)
             if now >= next_check:
                 next_check = now + LAG_CHECK_S
-                if _lagging(runtime, response, send):
+                if _lagging(runtime, response, send, writer):
                     _mark_slow(runtime, seen.ex)
                     await _relay_decoupled(runtime, response, send, seen, chunk)
                     return
@@ -124,14 +125,16 @@ async def _relay_direct(
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         seen.ex.answered = True
-    elif seen.is_sse and _lagging(runtime, response, send):
+    elif seen.is_sse and _lagging(runtime, response, send, writer):
         # The whole answer fit in the socket buffers, but the client is far behind it.
         _mark_slow(runtime, seen.ex)
 
 
-def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send) -> bool:
+def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send, writer: BodyWriter | None) -> bool:
     """Bytes not yet delivered to the client: still upstream-side, and already written but
-    unacknowledged."""
+    unacknowledged (told by the server's body writer when there is one: compiled, no lookups)."""
+    if writer is not None:
+        return runtime.lag.lagging(response.buffered + writer.unsent())
     probe = unsent_probe(send)
     return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))
 

@@ -100,6 +100,8 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
     async def flood(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         probe = unsent_probe(send)
+        writer = body_writer(scope)
+        assert writer is not None
         app.note("probe", probe is not None)
         chunk = {"type": "http.response.body", "body": b"x" * 65536, "more_body": True}
         sent = 0
@@ -110,7 +112,7 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
             except StopIteration:
                 sent += 1
                 continue
-            app.note("suspended", (sent, probe() if probe else 0))
+            app.note("suspended", (sent, probe() if probe else 0, writer.unsent()))
             await asyncio.wait([waiting])  # what `send` waits on: the transport taking writes again
             with contextlib.suppress(StopIteration):
                 step.send(None)
@@ -122,11 +124,14 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
         client = await Raw.open(server.port)
         client.send(request("GET", "/flood"))
         assert await app.wait_for("probe") is True
-        sent, unsent = await app.wait_for("suspended")
+        sent, unsent, told = await app.wait_for("suspended")
         resp = await client.response()
         client.close()
     assert sent >= 1
     assert unsent > 0  # the lag router/slowclient.py measures through `send`
+    # The server's body writer tells the same, read in the same loop step with the client not
+    # reading: its kernel send queue, not only the transport's buffer.
+    assert told == unsent
     assert len(resp.body) == (sent + 1) * 65536  # the suspended send went out too
 
 

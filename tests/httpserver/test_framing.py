@@ -90,6 +90,12 @@ def test_the_server_owns_framing_and_connection_headers() -> None:
 def test_cr_or_lf_in_a_header_is_refused(header: tuple[bytes, bytes]) -> None:
     with pytest.raises(RuntimeError, match="CR or LF"):
         plan(headers=[header])
+    # Wherever it stands among others, the server's own headers included.
+    around = [(b"x-a", b"1"), (b"content-type", b"text/event-stream"), header, (b"date", b"then")]
+    with pytest.raises(RuntimeError, match="CR or LF"):
+        plan(headers=around)
+    with pytest.raises(RuntimeError, match="CR or LF"):
+        plan(headers=[*around[::-1], (b"x-last", b"ok")])
 
 
 def test_invalid_lengths_and_statuses_are_refused() -> None:

@@ -161,6 +161,9 @@ class _Writer(BodyWriter):
     def when_writable(self, callback: Callable[[], None]) -> None:
         callback()
 
+    def unsent(self) -> int:
+        return 0
+
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         return None
 
