@@ -47,8 +47,8 @@ class BodyWriter:
 
     def unsent(self) -> int:
         """Bytes written toward the client that it has not received yet: the server's own write
-        buffer plus the kernel's unacknowledged send queue (router/slowclient.py measures a
-        client's lag with it); 0 once the client has gone."""
+        buffer plus the kernel's unacknowledged send queue, the part of a client's lag
+        (router/slowclient.py) past the router; 0 once the client has gone."""
         raise NotImplementedError
 
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
