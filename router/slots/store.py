@@ -345,7 +345,8 @@ class SlotStore:
                 pass
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    # untyped in redis before 8.2, typed from 8.2 on: either passes the check
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             await asyncio.sleep(self._state.config.recheck_s)
 
     def _spawn(self, work: Awaitable[None]) -> None:
