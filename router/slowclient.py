@@ -19,22 +19,16 @@ its next streams are classified `slow_stream`.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import struct
-import termios
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from router.config.models import SlowClientConfig
-
-# TIOCOUTQ == SIOCOUTQ on Linux: a TCP socket's unacknowledged send queue. Absent elsewhere.
-_OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
+from router.httpserver.wire import TELLS_SEND_QUEUE, send_queue
 
 # How often a stream's lag toward its client is sampled (one ioctl per sample).
 LAG_CHECK_S = 0.1
-_INT = struct.Struct("i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +111,7 @@ def unsent_probe(send: Any) -> Callable[[], int] | None:
     makes `send` a method of an object holding it); None when the server or the platform does
     not tell."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
-    outq = _OUTQ
-    if transport is None or outq is None:
+    if transport is None or not TELLS_SEND_QUEUE:
         return None
     sock = transport.get_extra_info("socket")
     if sock is None:
@@ -129,11 +122,7 @@ def unsent_probe(send: Any) -> Callable[[], int] | None:
     buffered: Callable[[], int] = transport.get_write_buffer_size
 
     def unsent() -> int:
-        try:
-            queued: int = _INT.unpack(fcntl.ioctl(fd, outq, b"\0\0\0\0"))[0]
-        except (OSError, ValueError):  # closed (or already reused) descriptor: nothing is queued
-            queued = 0
-        return queued + buffered()
+        return send_queue(fd) + buffered()
 
     return unsent
 

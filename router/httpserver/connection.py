@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import socket
-import sys
-import termios
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -22,7 +19,7 @@ from router.httpserver.deadlines import INF
 from router.httpserver.dispatch import run_app
 from router.httpserver.exchange import Exchange
 from router.httpserver.reader import BODY, BODY_HELD, ENDING, HEAD, QUEUED, STOPPED, WAIT, RequestReader
-from router.httpserver.wire import client_error
+from router.httpserver.wire import client_error, send_queue
 
 if TYPE_CHECKING:
     from router.httpserver.context import ServerContext
@@ -36,9 +33,6 @@ CLOSE_FLUSH_S: Final = 30.0
 # to this long (clients write the whole body before they read), then the connection closes.
 DRAIN_S: Final = 10.0
 TASK_NAME: Final = "lane-router-request"
-# TIOCOUTQ == SIOCOUTQ on Linux: a TCP socket's unacknowledged send queue. Absent elsewhere (-1).
-_OUTQ: Final[int] = getattr(termios, "TIOCOUTQ", -1)
-_NATIVE_ORDER: Final = sys.byteorder  # the ioctl answers an int as the machine stores it
 
 
 class Connection(RequestReader):
@@ -127,12 +121,7 @@ class Connection(RequestReader):
         """Bytes written and not yet received by the client: the transport's buffer plus the
         kernel's unacknowledged send queue (the transport's alone where the platform does not
         tell the queue)."""
-        queued = 0
-        if self._fd >= 0 and _OUTQ >= 0:
-            try:
-                queued = int.from_bytes(fcntl.ioctl(self._fd, _OUTQ, b"\0\0\0\0"), _NATIVE_ORDER)
-            except OSError:  # closed meanwhile: nothing is queued any more
-                queued = 0
+        queued = send_queue(self._fd)
         buffered: int = self.transport.get_write_buffer_size()
         return queued + buffered
 

@@ -4,6 +4,9 @@ that failed before its response started)."""
 
 from __future__ import annotations
 
+import fcntl
+import sys
+import termios
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -15,6 +18,12 @@ import orjson
 CRLF: Final = b"\r\n"
 LAST_CHUNK: Final = b"0\r\n\r\n"
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# TIOCOUTQ == SIOCOUTQ on Linux: a TCP socket's unacknowledged send queue. Absent elsewhere (-1).
+_OUTQ: Final[int] = getattr(termios, "TIOCOUTQ", -1)
+_NATIVE_ORDER: Final = sys.byteorder  # the ioctl answers an int as the machine stores it
+# Whether `send_queue` can tell anything on this platform.
+TELLS_SEND_QUEUE: Final[bool] = _OUTQ >= 0
 
 # Above this a body is handed to the transport as its own buffer instead of being copied into
 # one joined write with its framing.
@@ -34,6 +43,17 @@ def status_line(status: int) -> bytes:
     if not 100 <= status <= 999:
         raise RuntimeError(f"invalid HTTP status {status!r}")
     return b"HTTP/1.1 %d \r\n" % status
+
+
+def send_queue(fd: int) -> int:
+    """Bytes written to a socket that its peer has not acknowledged, as the kernel holds them; 0
+    for a descriptor already closed, or where the platform does not tell (TELLS_SEND_QUEUE)."""
+    if fd < 0 or _OUTQ < 0:
+        return 0
+    try:
+        return int.from_bytes(fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"), _NATIVE_ORDER)
+    except OSError:  # closed meanwhile, or the number reused by something that is not a socket
+        return 0
 
 
 class DateHeader:
