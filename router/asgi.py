@@ -51,6 +51,12 @@ class BodyWriter:
         (router/slowclient.py) past the router; 0 once the client has gone."""
         raise NotImplementedError
 
+    def unsent_at_most(self) -> int:
+        """A bound of `unsent` that may be known without a system call (the bytes written since it
+        was last asked, on top of its answer then); `unsent` itself where none is kept. A lag
+        sample below its limit by this bound needs no other."""
+        return self.unsent()
+
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         """The whole response at once: what `http.response.start` and one last
         `http.response.body` sent back to back would write, and the same errors."""

@@ -38,14 +38,18 @@ TASK_NAME: Final = "lane-router-request"
 class Connection(RequestReader):
     __slots__ = (
         "_active",
+        "_counted",
         "_ctx",
         "_fd",
         "_queue",
         "_since",
+        "_told_at",
+        "_told_unsent",
+        "_transport_write",
         "_writable",
         "drain_waiter",
-        "write",
         "write_paused",
+        "written",
     )
 
     def __init__(self, ctx: ServerContext, loop: asyncio.AbstractEventLoop) -> None:
@@ -58,13 +62,21 @@ class Connection(RequestReader):
         self.drain_waiter: asyncio.Future[None] | None = None
         self._writable: list[Callable[[], None]] = []  # called once writes are taken again
         self._fd = -1  # the socket's, while the connection is open; -1 when there is none
+        self.written = 0  # bytes handed to the transport, every one through `write`
+        # What `unsent` last found, and `written` then: with the bytes written since, a bound of
+        # the bytes the client has not received that costs no system call (`unsent_at_most`).
+        self._told_unsent = 0
+        self._told_at = 0
+        # Plain TCP: the kernel queues the bytes written, so they bound its queue. Under TLS the
+        # records it queues are larger than the bytes written, and the handshake's are not.
+        self._counted = ctx.scheme == "http"
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         # Bound once: a stream writes on every read, and a call by name looks the method up.
-        self.write: Callable[[bytes], object] = self.transport.write
+        self._transport_write: Callable[[bytes], object] = self.transport.write
         ctx = self._ctx
         limit = ctx.config.max_connections
         if ctx.closing or (limit and len(ctx.connections) >= limit):
@@ -117,13 +129,34 @@ class Connection(RequestReader):
         else:
             callback()
 
+    def write(self, data: bytes) -> None:
+        """Write to the client; every byte the server writes goes through here or `write_parts`,
+        so `written` counts them all."""
+        self.written += len(data)
+        self._transport_write(data)
+
+    def write_parts(self, parts: list[bytes]) -> None:
+        """`write` of the parts joined, without joining them (one writev)."""
+        for part in parts:
+            self.written += len(part)
+        self.transport.writelines(parts)
+
     def unsent(self) -> int:
         """Bytes written and not yet received by the client: the transport's buffer plus the
         kernel's unacknowledged send queue (the transport's alone where the platform does not
         tell the queue)."""
         queued = send_queue(self._fd)
         buffered: int = self.transport.get_write_buffer_size()
+        self._told_unsent = queued + buffered
+        self._told_at = self.written
         return queued + buffered
+
+    def unsent_at_most(self) -> int:
+        """A bound of `unsent` without asking the kernel: what it found last time plus every byte
+        written since (neither queue grows but by writes); `unsent` itself under TLS."""
+        if not self._counted:
+            return self.unsent()
+        return self._told_unsent + self.written - self._told_at
 
     def _wake_writer(self) -> None:
         if self._writable:
@@ -233,7 +266,7 @@ class Connection(RequestReader):
                 return
             answer = None
         if answer is not None:
-            self.transport.write(answer)
+            self.write(answer)
         self._close()
 
     def _close(self) -> None:

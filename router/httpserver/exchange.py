@@ -159,7 +159,7 @@ class Exchange(BodyWriter):
     def _send_continue(self) -> None:
         self._continue = False
         if self.state == NEW and not self._gone:
-            self.transport.write(CONTINUE)
+            self._conn.write(CONTINUE)
 
     # -- the response side --------------------------------------------------------------------
 
@@ -209,6 +209,9 @@ class Exchange(BodyWriter):
     def unsent(self) -> int:
         return 0 if self._gone else self._conn.unsent()
 
+    def unsent_at_most(self) -> int:
+        return 0 if self._gone else self._conn.unsent_at_most()
+
     def respond(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
         """`BodyWriter` (router/asgi.py): a whole response, as a start and a last body message
         sent back to back would make it, its head and body in one write."""
@@ -223,7 +226,7 @@ class Exchange(BodyWriter):
                 self._length = 0
             else:
                 self._count(n, False)
-            self.transport.write(head + body)
+            self._conn.write(head + body)
         else:
             self._head = head
             self._write(body, False)
@@ -234,7 +237,7 @@ class Exchange(BodyWriter):
         if self._framing == CHUNKED:
             # A stream: its head leaves now, as the client's own timing (and the lag the relay
             # measures from the socket, router/slowclient.py) starts with it.
-            self.transport.write(head)
+            self._conn.write(head)
             return
         # A whole answer: the head waits for the first body message to leave in one write with
         # it, or for the next loop turn if the app is still working on its body then.
@@ -269,7 +272,7 @@ class Exchange(BodyWriter):
         head = self._head
         if head is not None and not self._gone:
             self._head = None
-            self.transport.write(head)
+            self._conn.write(head)
 
     def _write(self, body: bytes, more: bool) -> None:
         framing = self._framing
@@ -292,13 +295,13 @@ class Exchange(BodyWriter):
             self._head = None
             data = head + data
         if data:
-            self.transport.write(data)
+            self._conn.write(data)
 
     def _emit_large(self, before: bytes, body: bytes, after: bytes) -> None:
         head = self._head
         self._head = None
         parts = [p for p in (head, before, body, after) if p]
-        self.transport.writelines(parts)
+        self._conn.write_parts(parts)
 
     def _count(self, n: int, more: bool) -> None:
         left = self._length - n
@@ -322,7 +325,7 @@ class Exchange(BodyWriter):
             self.state = DONE
             self.status = 500
             self.keep_alive = False
-            self.transport.write(internal_error(self._conn.date))
+            self._conn.write(internal_error(self._conn.date))
             self._conn.response_complete(self)
         else:
             self.drop()
@@ -334,7 +337,7 @@ class Exchange(BodyWriter):
             return False
         self.state = DONE
         self.status = int(answer[9:12])
-        self.transport.write(answer)
+        self._conn.write(answer)
         self.gone()
         return True
 

@@ -13,13 +13,16 @@ if TYPE_CHECKING:
     from router.proxy.forward import Exchange
 
 _monotonic: Final = time.monotonic
+# How far past the kept tail a response goes before the tail is trimmed: a trim walks the kept
+# chunks, so the wider the slack, the fewer walks per stream, and the more bytes held per stream.
+TAIL_SLACK: Final = 2 * USAGE_TAIL_BYTES
 
 
 class UsageTail:
     """The last USAGE_TAIL_BYTES of a response, where its usage report is. Chunks are kept by
     reference, so keeping them copies nothing. Keeping one is a bare append to `chunks` (no
     call of ours per chunk); the relay trims once the response's byte count reaches `due`, so
-    the kept chunks never span much more than twice USAGE_TAIL_BYTES plus one chunk."""
+    the kept chunks never span much more than USAGE_TAIL_BYTES and TAIL_SLACK, plus two chunks."""
 
     __slots__ = ("chunks", "due")
 
@@ -37,7 +40,7 @@ class UsageTail:
             start -= 1
             size += len(chunks[start])
         del chunks[:start]  # one C call, where dropping them one by one cost a call each
-        self.due = total + USAGE_TAIL_BYTES
+        self.due = total + TAIL_SLACK
 
     @property
     def held(self) -> int:

@@ -154,7 +154,7 @@ class UpstreamConnection(UpstreamBody):
                 # The whole chunks the read begins with, as the parser would have read them; a
                 # paced stream's one chunk goes straight to the sink.
                 start = one_chunk(data)
-                if start > 0 and self._paced(data):
+                if start > 0 and self._paced():
                     self._relay(data[start:-2], data)  # checked framing, passed on as it came
                     return
                 chunks, taken = whole_chunks(data)
@@ -170,7 +170,7 @@ class UpstreamConnection(UpstreamBody):
                     self._parse_failed(exc)
                 self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(rest)
                 pieces = self._pieces
-                if len(pieces) == 1 and self._state == BODY and self._paced(pieces[0]):
+                if len(pieces) == 1 and self._state == BODY and pieces[0] and self._paced():
                     self._relay(pieces.pop(), None)
                     return
             self._body_read(before, len(data))
@@ -182,10 +182,10 @@ class UpstreamConnection(UpstreamBody):
             if state == IDLE:
                 self.abort()
 
-    def _paced(self, piece: bytes) -> bool:
-        """Whether a read that made one piece, the body going on, is a paced stream's: one for
-        the sink, with nothing buffered before it."""
-        return self._sink is not None and bool(piece) and self._exc is None and not self._body
+    def _paced(self) -> bool:
+        """Whether a read that made one piece (not empty), the body going on, is a paced
+        stream's: one for the sink, with nothing buffered before it."""
+        return self._sink is not None and self._exc is None and len(self._body) == 0
 
     def _relay(self, piece: bytes, framed: bytes | None) -> None:
         """A paced stream's read handed to the sink here, without passing through the buffer,

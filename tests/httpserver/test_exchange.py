@@ -95,7 +95,8 @@ async def test_messages_out_of_order_are_errors() -> None:
 
 async def test_a_body_send_returns_without_suspending_until_the_transport_pauses() -> None:
     """`send` awaits only while the transport has paused writing: a client that stops reading
-    makes a send suspend, and reading again lets it go on."""
+    makes a send suspend, and reading again lets it go on. Meanwhile the bytes it has not received
+    are told, and bounded by the bytes written."""
 
     async def flood(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -112,7 +113,11 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
             except StopIteration:
                 sent += 1
                 continue
+            bound_before = writer.unsent_at_most()
             app.note("suspended", (sent, probe() if probe else 0, writer.unsent()))
+            bound_after = writer.unsent_at_most()
+            writer.write_body(b"y" * 10, False)  # framed: "a" CRLF, the ten bytes, CRLF
+            app.note("bounds", (bound_before, bound_after, writer.unsent_at_most()))
             await asyncio.wait([waiting])  # what `send` waits on: the transport taking writes again
             with contextlib.suppress(StopIteration):
                 step.send(None)
@@ -125,6 +130,7 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
         client.send(request("GET", "/flood"))
         assert await app.wait_for("probe") is True
         sent, unsent, told = await app.wait_for("suspended")
+        bound_before, bound_after, bound_later = await app.wait_for("bounds")
         resp = await client.response()
         client.close()
     assert sent >= 1
@@ -132,7 +138,12 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
     # The server's body writer tells the same, read in the same loop step with the client not
     # reading: its kernel send queue, not only the transport's buffer.
     assert told == unsent
-    assert len(resp.body) == (sent + 1) * 65536  # the suspended send went out too
+    # Its bound without a system call: every byte written (the head and each framed chunk)
+    # before the kernel was asked, what the kernel told after, and that plus each byte since.
+    assert bound_before >= (sent + 1) * (65536 + len(b"10000\r\n\r\n")) > told
+    assert bound_after == told
+    assert bound_later == told + len(b"a\r\n" + b"y" * 10 + b"\r\n")
+    assert len(resp.body) == (sent + 1) * 65536 + 10  # the suspended send went out too
 
 
 async def test_an_app_that_does_not_read_its_body_pauses_reading() -> None:
