@@ -33,14 +33,19 @@ class UsageTail:
     def trim(self, total: int) -> None:
         """Drop the chunks older than the last USAGE_TAIL_BYTES; `total` is the response's byte
         count so far, the last kept chunk included."""
+        # One C call, where dropping them one by one cost a call each.
+        del self.chunks[: self._tail_start()]
+        self.due = total + TAIL_SLACK
+
+    def _tail_start(self) -> int:
+        """The first of the chunks that the last USAGE_TAIL_BYTES are in."""
         chunks = self.chunks
         start = len(chunks)
         size = 0
         while start > 0 and size < USAGE_TAIL_BYTES:
             start -= 1
             size += len(chunks[start])
-        del chunks[:start]  # one C call, where dropping them one by one cost a call each
-        self.due = total + TAIL_SLACK
+        return start
 
     @property
     def held(self) -> int:
@@ -48,7 +53,8 @@ class UsageTail:
         return sum(map(len, self.chunks))
 
     def value(self) -> bytes:
-        return b"".join(self.chunks)[-USAGE_TAIL_BYTES:]
+        # The chunks the tail is in, not every one kept since the last trim.
+        return b"".join(self.chunks[self._tail_start() :])[-USAGE_TAIL_BYTES:]
 
 
 class ChunkLog:
