@@ -135,8 +135,8 @@ def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send, writer: B
     unacknowledged (told by the server's body writer when there is one: compiled, no lookups)."""
     if writer is not None:
         lag, buffered = runtime.lag, response.buffered
-        # The bound first: a stream that has not written the limit since the socket was last
-        # asked cannot be past it, and is not asked again (the usual stream, never asked at all).
+        # The bound first: a connection that has not written the limit since its socket was last
+        # asked cannot be past it, and is not asked again (a short stream asks nothing).
         return lag.lagging(buffered + writer.unsent_at_most()) and lag.lagging(buffered + writer.unsent())
     probe = unsent_probe(send)
     return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))

@@ -9,12 +9,14 @@ client together — what router/lab/bench/hotpath.py leaves out.
     valgrind --tool=callgrind --trace-children=no python -m router.lab.bench.wirepath whole 2200
 
 The difference of the two totals over 2000 is the cost of one request (both runs pay start-up,
-the first connections and the first 200 requests alike). `stream` asks for 64 SSE tokens per
-request instead of a whole answer. A third argument sets the client's connections (default 1:
-one request at a time, so every request takes the same path through the loop; with more, reads
-batch by the timing of the run). The backend's health is probed once, at start-up, only. Run as
-a file with `PYTHONPATH=TREE` to measure another tree of the router (the backend and the client
-still come from this file's tree).
+the first connections and the first 200 requests alike). A run's start-up moves by millions of
+instructions from run to run; the event loop's inclusive count (`callgrind_annotate
+--inclusive=yes OUT | grep 'Loop__run '`) leaves the imports out and differences more steadily.
+`stream` asks for 64 SSE tokens per request instead of a whole answer. A third argument sets the
+client's connections (default 1: one request at a time, so every request takes the same path
+through the loop; with more, reads batch by the timing of the run). The backend's health is
+probed once, at start-up, only. Run as a file with `PYTHONPATH=TREE` to measure another tree of
+the router (the backend and the client still come from this file's tree).
 
 `paced` streams as `stream` does, but as a paced backend (vLLM) does: each of the 65 writes of
 a response's body (64 tokens, then `[DONE]` with the body's end) reaches the router alone, in a
