@@ -43,8 +43,7 @@ class Connection(RequestReader):
         "_fd",
         "_queue",
         "_since",
-        "_told_at",
-        "_told_unsent",
+        "_told_offset",
         "_transport_write",
         "_writable",
         "drain_waiter",
@@ -63,10 +62,9 @@ class Connection(RequestReader):
         self._writable: list[Callable[[], None]] = []  # called once writes are taken again
         self._fd = -1  # the socket's, while the connection is open; -1 when there is none
         self.written = 0  # bytes handed to the transport, every one through `write`
-        # What `unsent` last found, and `written` then: with the bytes written since, a bound of
-        # the bytes the client has not received that costs no system call (`unsent_at_most`).
-        self._told_unsent = 0
-        self._told_at = 0
+        # What `unsent` last found less `written` then: added to `written` now, a bound of the
+        # bytes the client has not received that costs no system call (`unsent_at_most`).
+        self._told_offset = 0
         # Plain TCP: the kernel queues the bytes written, so they bound its queue. Under TLS the
         # records it queues are larger than the bytes written, and the handshake's are not.
         self._counted = ctx.scheme == "http"
@@ -145,18 +143,17 @@ class Connection(RequestReader):
         """Bytes written and not yet received by the client: the transport's buffer plus the
         kernel's unacknowledged send queue (the transport's alone where the platform does not
         tell the queue)."""
-        queued = send_queue(self._fd)
         buffered: int = self.transport.get_write_buffer_size()
-        self._told_unsent = queued + buffered
-        self._told_at = self.written
-        return queued + buffered
+        unsent = send_queue(self._fd) + buffered
+        self._told_offset = unsent - self.written
+        return unsent
 
     def unsent_at_most(self) -> int:
         """A bound of `unsent` without asking the kernel: what it found last time plus every byte
         written since (neither queue grows but by writes); `unsent` itself under TLS."""
         if not self._counted:
             return self.unsent()
-        return self._told_unsent + self.written - self._told_at
+        return self.written + self._told_offset
 
     def _wake_writer(self) -> None:
         if self._writable:
