@@ -34,7 +34,14 @@ from router.backendhealth import Health
 from router.backends import Backend, Pool, backend_label
 from router.balance import BalanceHooks, Balancer, make_balancer
 from router.classify import ClassifyRules
-from router.config.models import LaneConfig, PoolConfig, ProfileConfig, RequestClass, ResponseIdsConfig
+from router.config.models import (
+    LaneConfig,
+    PoolConfig,
+    ProfileConfig,
+    RequestClass,
+    ResponseIdsConfig,
+    SlowClientConfig,
+)
 from router.config.vllm import server_configuration_hash
 from router.fleet import Fleet
 from router.lanesettings import LaneSettings
@@ -49,7 +56,7 @@ from router.responseids import ResponseIds
 from router.sharedstate import SharedState, redis_url
 from router.slots.budget import Share
 from router.slots.counting import Counting, counting_for
-from router.slowclient import BufferBudget, LagPolicy, SlowClients
+from router.slowclient import BufferBudget, SlowClients
 from router.tls.upstream import UpstreamTls, upstream_tls
 from router.tokens import PromptCosts, PromptCounter, make_counter
 
@@ -74,6 +81,20 @@ class Lane:
     def __post_init__(self) -> None:
         self.name = self.cls.value
         self.settings = LaneSettings(self.config, self.pool.config)
+
+
+@dataclass(frozen=True, slots=True)
+class LagPolicy:
+    """When a stream's client lags (router/slowclient.py): its undelivered bytes past `lag_bytes`."""
+
+    lag_bytes: int
+
+    @classmethod
+    def from_config(cls, cfg: SlowClientConfig) -> LagPolicy:
+        return cls(cfg.lag_bytes)
+
+    def lagging(self, undelivered_bytes: int) -> bool:
+        return undelivered_bytes > self.lag_bytes
 
 
 @dataclass(eq=False)

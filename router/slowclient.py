@@ -6,10 +6,11 @@ server's own write buffer is full, and the kernel's send buffer in front of it g
 (Linux autotunes it up to tcp_wmem's maximum, 4 MiB by default), so most of a slow client's lag
 sits in the kernel. A client *lags* when the bytes not yet delivered to it — received from
 upstream and not yet written, plus those in the server transport's buffer and the kernel's
-unacknowledged send queue (`unsent_probe`) — exceed `lag_bytes`. The relay samples this every
+unacknowledged send queue (`unsent_probe`) — exceed `lag_bytes` (router/runtime.py `LagPolicy`,
+compiled with the request path, which asks it at every sample). The relay samples this every
 LAG_CHECK_S (a write that blocked on a full socket makes the next sample due at once) and at
 the end of each stream. A lagging stream is then
-*decouples*: a producer task drains upstream into a `StreamBuffer` (so the backend finishes at
+*decoupled*: a producer task drains upstream into a `StreamBuffer` (so the backend finishes at
 engine speed and frees its slot), while the relay feeds the client from the buffer. Buffers are
 capped per stream and, through one `BufferBudget`, in total; past a cap the producer waits
 (backpressure) — bytes are never dropped. The client's identity goes into `SlowClients`, so
@@ -21,26 +22,12 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from router.config.models import SlowClientConfig
 from router.httpserver.wire import TELLS_SEND_QUEUE, send_queue
 
 # How often a stream's lag toward its client is sampled (one ioctl per sample).
 LAG_CHECK_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class LagPolicy:
-    lag_bytes: int
-
-    @classmethod
-    def from_config(cls, cfg: SlowClientConfig) -> LagPolicy:
-        return cls(cfg.lag_bytes)
-
-    def lagging(self, undelivered_bytes: int) -> bool:
-        return undelivered_bytes > self.lag_bytes
 
 
 class SlowClientStore(Protocol):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from router.config.models import SlowClientConfig
-from router.slowclient import BufferBudget, LagPolicy, SlowClients, StreamBuffer, client_identity
+from router.runtime import LagPolicy
+from router.slowclient import BufferBudget, SlowClients, StreamBuffer, client_identity
 
 
 def test_lag_is_undelivered_bytes_above_the_threshold() -> None:

@@ -43,7 +43,8 @@ class Watch:
 
     def begin(self) -> None:
         """The request has run its list's delay: listen for its client going away."""
-        self._watcher = asyncio.ensure_future(_wait_disconnect(self._receive))
+        # The loop's own method: `asyncio.ensure_future` is interpreted.
+        self._watcher = self._task.get_loop().create_task(_wait_disconnect(self._receive))
         self._watcher.add_done_callback(self._on_disconnect)
 
     def _on_disconnect(self, _: asyncio.Future[None]) -> None:
@@ -59,6 +60,7 @@ class Watch:
         self.finished = True
         watcher = self._watcher
         if watcher is not None:
+            self._watcher = None
             watcher.remove_done_callback(self._on_disconnect)
             watcher.cancel()
 
