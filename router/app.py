@@ -165,7 +165,7 @@ class LaneRouterApp:
         try:
             if context is not None:
                 await context.__aexit__(None, None, None)
-        except BaseException:
+        except BaseException as exc:
             await send({"type": "lifespan.shutdown.complete"})
-            raise
+            raise exc  # named, not bare: docs/compiled.md
         await send({"type": "lifespan.shutdown.complete"})

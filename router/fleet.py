@@ -174,9 +174,9 @@ class Fleet:
                 await self._forget(backend)
             for upstream in retired:
                 await upstream.aclose()
-        except BaseException:
+        except BaseException as exc:
             await self._closed()
-            raise
+            raise exc  # named, not bare: docs/compiled.md
         await self._closed()
 
     async def _closed(self) -> None:

@@ -150,9 +150,9 @@ class Runtime:
                 await asyncio.wait_for(drained.wait(), timeout)
         except TimeoutError:
             pass
-        except BaseException:
+        except BaseException as exc:
             await self.aclose()
-            raise
+            raise exc  # named, not bare: docs/compiled.md
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -163,9 +163,9 @@ class Runtime:
         self._closed = True
         try:
             await self.fleet.release(self.pools.values())
-        except BaseException:
+        except BaseException as exc:
             await self._release_shared()
-            raise
+            raise exc  # named, not bare: docs/compiled.md
         await self._release_shared()
 
     async def _release_shared(self) -> None:

@@ -9,6 +9,7 @@ import importlib.machinery
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import router
@@ -139,18 +140,21 @@ def test_every_constant_of_a_compiled_module_is_final() -> None:
     assert plain == []
 
 
-def _awaits(statements: list[ast.stmt]) -> list[int]:
-    """Lines of the awaits `statements` run themselves (not those of functions they define)."""
-    found: list[int] = []
+def _own_nodes(statements: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes `statements` run themselves (not those of functions and classes they define)."""
     todo: list[ast.AST] = list(statements)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue
-        if isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)):
-            found.append(node.lineno)
+        yield node
         todo.extend(ast.iter_child_nodes(node))
-    return found
+
+
+def _awaits(statements: list[ast.stmt]) -> list[int]:
+    """Lines of the awaits `statements` run themselves."""
+    waits = (ast.Await, ast.AsyncFor, ast.AsyncWith)
+    return [n.lineno for n in _own_nodes(statements) if isinstance(n, waits)]
 
 
 def test_no_compiled_coroutine_awaits_in_a_finally_block() -> None:
@@ -165,3 +169,24 @@ def test_no_compiled_coroutine_awaits_in_a_finally_block() -> None:
         for line in _awaits(node.finalbody)
     ]
     assert awaiting == []
+
+
+def _bare_raises(statements: list[ast.stmt]) -> bool:
+    """Whether `statements` themselves re-raise with a bare `raise`."""
+    return any(isinstance(n, ast.Raise) and n.exc is None for n in _own_nodes(statements))
+
+
+def test_no_compiled_handler_awaits_and_then_re_raises_bare() -> None:
+    # Compiled, an exception that reached the coroutine through the future it awaited (a task's
+    # cancellation, a failed future) is freed while its handler awaits; a bare `raise` after that
+    # crashes the process (docs/compiled.md, "What a compiled module must not do"). The handler
+    # names the exception and raises it by name.
+    bare = [
+        f"{relative}:{handler.lineno}"
+        for relative in listed(ROOT)
+        for node in ast.walk(ast.parse((ROOT / relative).read_text()))
+        if isinstance(node, ast.Try)
+        for handler in node.handlers
+        if _awaits(handler.body) and _bare_raises(handler.body)
+    ]
+    assert bare == []

@@ -129,10 +129,10 @@ async def _exchange(
                     local.release(name, limits, tokens, used, now, served)
                 else:
                     settle = (charge, used, served, now)
-    except BaseException:
+    except BaseException as exc:
         if settle is not None:
             await _settle_shared(*settle)
-        raise
+        raise exc  # named, not bare: docs/compiled.md
     if settle is not None:
         await _settle_shared(*settle)
 

@@ -177,9 +177,9 @@ async def _relay_decoupled(
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             seen.ex.answered = True
-    except BaseException:
+    except BaseException as exc:
         await _stop(producer, buffer)
-        raise
+        raise exc  # named, not bare: docs/compiled.md
     await _stop(producer, buffer)
 
 

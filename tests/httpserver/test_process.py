@@ -1,5 +1,6 @@
 """`python -m router serve` as its own process on the router's HTTP server: its memory after
-oversized heads, and SIGTERM ending an open stream with the router's shutdown event."""
+oversized heads, and SIGTERM ending an open stream with the router's shutdown event, whatever
+the stream was waiting for."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -19,7 +21,7 @@ import yaml
 
 from tests.fakebackend import Behaviour, FakeBackend
 from tests.httpserver.raw import Raw, request
-from tests.profiles import MODEL, auth, profile
+from tests.profiles import KEYS, MODEL, auth, profile
 from tests.servers import free_port, server_group
 
 MB = 1 << 20
@@ -47,6 +49,19 @@ class RouterProcess:
                 assert self.proc.returncode is None, self.log.read_text()
                 await asyncio.sleep(0.05)
 
+    async def metric(self, name: str) -> float:
+        """A sample of the router's /metrics (0 when absent)."""
+        client = await Raw.open(self.port)
+        try:
+            token = f"Authorization: Bearer {KEYS['scraper']}"
+            client.send(request("GET", "/metrics", b"", token, "Connection: close"))
+            for line in (await client.response()).body.decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            return 0.0
+        finally:
+            client.close()
+
     async def get(self, path: str) -> int:
         client = await Raw.open(self.port)
         try:
@@ -58,10 +73,19 @@ class RouterProcess:
 
 @contextlib.asynccontextmanager
 async def router_process(
-    tmp_path: Path, backends: list[str], ready_path: str = "/health", **env: str
+    tmp_path: Path,
+    backends: list[str],
+    ready_path: str = "/health",
+    shape: Callable[[dict[str, Any]], None] | None = None,
+    **env: str,
 ) -> AsyncIterator[RouterProcess]:
+    """The router serving `profile(backends)` (changed by `shape`); `env`: its LANE_ROUTER_*
+    settings."""
     config = tmp_path / "profile.yaml"
-    config.write_text(yaml.safe_dump(profile(backends)))
+    data = profile(backends)
+    if shape is not None:
+        shape(data)
+    config.write_text(yaml.safe_dump(data))
     port = free_port()
     log = tmp_path / "router.log"
     with log.open("wb") as out:
@@ -144,6 +168,44 @@ async def test_sigterm_ends_an_open_stream_with_the_shutdown_event_and_exits_cle
     error = orjson.loads(last_event.split(b"\n\n")[0])["error"]
     assert error["code"] == "server_shutdown"
     assert error["type"] == "service_unavailable"
+    assert code == 0, log
+    assert "Traceback" not in log, log
+
+
+def _decoupled(data: dict[str, Any]) -> None:
+    data["lanes"]["chat"]["decouple"] = True
+
+
+@pytest.mark.timeout(90)
+async def test_sigterm_ends_a_stream_waiting_on_a_client_that_does_not_read(tmp_path: Path) -> None:
+    # The stream's task is cut while it waits for the client's socket to drain: the cancellation
+    # comes through the future it awaits, into compiled coroutines that clean up and re-raise.
+    backend = FakeBackend(Behaviour(tokens=100_000))
+    async with server_group() as group:
+        backend_url = await group.start(backend)
+        async with router_process(
+            tmp_path, [backend_url], "/ready", shape=_decoupled, graceful_shutdown_s="0.5"
+        ) as router:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", router.port))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            client = Raw(reader, writer)
+            body = orjson.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            )
+            client.send(
+                request("POST", "/v1/chat/completions", body, *(f"{k}: {v}" for k, v in auth("user").items()))
+            )
+            # Past what the sockets hold, the stream's buffer keeps what the client has not taken:
+            # its relay waits for the client's socket.
+            async with asyncio.timeout(30):
+                while await router.metric("lane_router_stream_buffer_bytes") < MB:
+                    await asyncio.sleep(0.05)
+            router.proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(router.proc.wait(), 20)
+            client.close()
+    log = router.log.read_text()
     assert code == 0, log
     assert "Traceback" not in log, log
 
