@@ -57,6 +57,12 @@ class BodyWriter:
         sample below its limit by this bound needs no other."""
         return self.unsent()
 
+    def on_disconnect(self, callback: Callable[[], None]) -> bool:
+        """Have `callback` called once, from the event loop, if the client goes away while the
+        app still runs (soon after this call if it has gone already). False where the writer
+        cannot tell: the caller then listens with `receive` (router/proxy/watch.py)."""
+        return False
+
     def respond(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
         """The whole response at once: what `http.response.start` and one last
         `http.response.body` sent back to back would write, and the same errors."""

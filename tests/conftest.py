@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from router.config.load import parse_profile
-from router.server import build_state
+from router.server import build_state, make_app
 from router.settings import Settings
 from router.state import RouterState
 from tests.fakebackend import FakeBackend, Seen
@@ -54,8 +54,11 @@ async def router_stack(
     n_backends: int = 2,
     shape: Callable[[list[str]], dict[str, Any]] | None = None,
     config_dir: Path | None = None,
+    on_uvicorn: bool = False,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
+    """The router in front of `n_backends` fake backends, on its own HTTP server (or on
+    uvicorn, as any other ASGI server would run it)."""
     backends = [FakeBackend() for _ in range(n_backends)]
     async with server_group() as group:
         urls = [await group.start(b) for b in backends]
@@ -65,7 +68,10 @@ async def router_stack(
             path = config_dir / "profile.yaml"
             path.write_text(yaml.safe_dump(data))
         state = build_state(parse_profile(data), path)
-        url = await group.serve_router(state, Settings(config=path, **settings))
+        if on_uvicorn:
+            url = await group.start(make_app(state, Settings(config=path, **settings)))
+        else:
+            url = await group.serve_router(state, Settings(config=path, **settings))
         yield Stack(url, backends, urls, state, path)
 
 

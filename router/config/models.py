@@ -280,9 +280,10 @@ class SlowClientConfig(Strict):
     (upstream drained into a buffer of at most `max_stream_buffer_bytes`; all such buffers
     together at most `max_buffer_bytes`, past which upstream reads wait) and the client is
     remembered for `remember_s` (at most `max_remembered` clients), so its next streams take
-    the slow_stream lane. A request that has run `watch_disconnect_after_s` is watched for its
-    client going away (which cancels it and frees vLLM's KV blocks at once); a disconnect before
-    then is noticed at that point: shorter notices sooner, longer costs fewer watcher tasks."""
+    the slow_stream lane. A client going away cancels its request (which frees vLLM's KV blocks
+    at once): the router's own server tells at once; under another ASGI server a request is
+    watched for it once it has run `watch_disconnect_after_s`, and a disconnect before then is
+    noticed at that point: shorter notices sooner, longer costs fewer watcher tasks."""
 
     lag_bytes: int = Field(128 * 1024, ge=1024)
     watch_disconnect_after_s: float = Field(0.02, gt=0, le=60)

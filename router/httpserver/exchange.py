@@ -38,6 +38,7 @@ class Exchange(BodyWriter):
         "_gone",
         "_head",
         "_length",
+        "_on_gone",
         "_over",
         "_waiter",
         "event_stream",
@@ -70,6 +71,7 @@ class Exchange(BodyWriter):
         self._body_sent = False
         self._waiter: asyncio.Future[None] | None = None
         self._gone = False
+        self._on_gone: Callable[[], None] | None = None
         self._head: bytes | None = None
         self._framing = NO_BODY
         self._length = -1
@@ -105,10 +107,17 @@ class Exchange(BodyWriter):
             self._wake()
 
     def gone(self) -> None:
-        """The connection is closed: `receive` reports the disconnect, `send` writes nothing."""
+        """The connection is closed: `receive` reports the disconnect, `send` writes nothing,
+        and the app's disconnect callback (`on_disconnect`) is called."""
         self._gone = True
         if self._waiter is not None:
             self._wake()
+        told = self._on_gone
+        if told is not None:
+            self._on_gone = None
+            # On the next loop turn, as a task waiting on `receive` would hear it: the
+            # connection first wakes what waits on it (a drain).
+            self._conn.loop.call_soon(told)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -211,6 +220,15 @@ class Exchange(BodyWriter):
 
     def unsent_at_most(self) -> int:
         return 0 if self._gone else self._conn.unsent_at_most()
+
+    def on_disconnect(self, callback: Callable[[], None]) -> bool:
+        """`BodyWriter` (router/asgi.py): told by the connection's loss (`gone`), without a
+        task that waits on `receive` for it."""
+        if self._gone:
+            self._conn.loop.call_soon(callback)
+        else:
+            self._on_gone = callback
+        return True
 
     def respond(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
         """`BodyWriter` (router/asgi.py): a whole response, as a start and a last body message
@@ -362,6 +380,7 @@ class Exchange(BodyWriter):
         longer needed. Dropped, they no longer tie the exchange, scope, task and coroutine into a
         cycle, so all of it is freed at once instead of piling up for the cycle collector."""
         self.task = None
+        self._on_gone = None
         self.scope["extensions"] = {}
 
 

@@ -89,7 +89,7 @@ async def _exchange(
     runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
 ) -> None:
     watchlist = runtime.watchlist
-    watch = watchlist.watch(ex, receive)
+    watch = watchlist.watch(ex, receive, ex.writer)
     rm.in_flight.inc()
     status: int | str = "error"
     served = True

@@ -1,19 +1,21 @@
 """Watching for a client that goes away while its request waits for or relays its response.
 
 When it does, the request's task is cancelled at once, which closes the upstream connection
-(vLLM then aborts the request and frees its KV blocks). Most requests end before a watcher task
-would pay off, so one starts only once a request has run a while (the profile's
-`slow_clients.watch_disconnect_after_s`), which bounds how late a disconnect can be noticed. The
-requests running are kept in one `Watchlist` per runtime, in the order they started, under a
-single timer set for the oldest: a request that ends sooner costs an entry in a dict, not a
-timer of its own."""
+(vLLM then aborts the request and frees its KV blocks). The router's own server tells of the
+loss itself (`BodyWriter.on_disconnect`, router/asgi.py): a request there is watched from its
+start at the cost of one callback. Under another ASGI server, a task has to wait on `receive`
+for `http.disconnect`, and most requests end before such a task would pay off, so one starts
+only once a request has run a while (the profile's `slow_clients.watch_disconnect_after_s`),
+which bounds how late a disconnect can be noticed. Those requests are kept in one `Watchlist`
+per runtime, in the order they started, under a single timer set for the oldest: a request that
+ends sooner costs an entry in a dict, not a timer of its own."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Final, Protocol
 
-from router.asgi import Receive
+from router.asgi import BodyWriter, Receive
 
 # A watch due this close is begun with those due now rather than under a timer of its own.
 _EARLY_S: Final = 0.001
@@ -47,10 +49,14 @@ class Watch:
         self._watcher = self._task.get_loop().create_task(_wait_disconnect(self._receive))
         self._watcher.add_done_callback(self._on_disconnect)
 
-    def _on_disconnect(self, _: asyncio.Future[None]) -> None:
+    def client_left(self) -> None:
+        """The client went away: the request is cancelled, unless it has ended or been answered."""
         if not self.finished and not self._exchange.answered:
             self.gone = True
             self._task.cancel()
+
+    def _on_disconnect(self, _: asyncio.Future[None]) -> None:
+        self.client_left()
 
     def uncancel(self) -> None:
         """The cancellation was the watch's own: the request ends normally."""
@@ -76,8 +82,9 @@ class Watchlist:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def watch(self, exchange: Answerable, receive: Receive) -> Watch:
-        """A watch for the current task, begun the list's delay from now unless dropped first."""
+    def watch(self, exchange: Answerable, receive: Receive, writer: BodyWriter | None = None) -> Watch:
+        """A watch for the current task: told by `writer` when the server can tell (from now
+        on), else begun the list's delay from now unless dropped first."""
         # The task current on the list's loop is the caller's while that loop runs this thread:
         # asking for the running loop instead costs a system call (asyncio checks the pid).
         loop = self._loop
@@ -89,7 +96,10 @@ class Watchlist:
             assert task is not None
             self._loop, self._timer = loop, None
             self._waiting.clear()
-        watch = Watch(task, exchange, receive, loop.time())
+        watch = Watch(task, exchange, receive, 0.0)
+        if writer is not None and writer.on_disconnect(watch.client_left):
+            return watch
+        watch.started = loop.time()
         self._waiting[watch] = None
         if self._timer is None:
             self._timer = loop.call_at(watch.started + self._after_s, self._due)

@@ -65,6 +65,46 @@ async def test_receive_gives_disconnect_after_the_response_and_when_the_client_l
         await app.wait_for("sent")
 
 
+async def test_the_body_writer_tells_of_a_client_that_leaves_once_and_not_after_release() -> None:
+    async def told(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        writer = body_writer(scope)
+        assert writer is not None
+        assert writer.on_disconnect(lambda: app.note("told"))
+        app.note("waiting")
+        await app.wait_for("told")
+        # After its connection is gone: a second callback is called soon, never lost.
+        writer.on_disconnect(lambda: app.note("told late"))
+        await app.wait_for("told late")
+        app.note("done")
+
+    async def answered(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
+        await read_all(receive)
+        writer = body_writer(scope)
+        assert writer is not None
+        writer.on_disconnect(lambda: app.note("told after answering"))
+        await send_json(send, 200, {})
+
+    app = Scripted({"/told": told, "/answered": answered})
+    async with serving(app) as server:
+        client = await Raw.open(server.port)
+        client.send(request("GET", "/told"))
+        await app.wait_for("waiting")
+        client.close()
+        await app.wait_for("done")
+        assert [e for e, _ in app.events].count("told") == 1
+        # The app returned, its exchange released: a connection lost later calls nothing.
+        client = await Raw.open(server.port)
+        for _ in range(2):
+            client.send(request("GET", "/answered"))
+            await client.response()
+        client.close()
+        async with asyncio.timeout(10):
+            while server.open_connections:
+                await asyncio.sleep(0.01)
+    assert "told after answering" not in [e for e, _ in app.events]
+
+
 async def test_messages_out_of_order_are_errors() -> None:
     async def misuse(app: Scripted, scope: Scope, receive: Receive, send: Send) -> None:
         start = {"type": "http.response.start", "status": 200, "headers": []}

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import orjson
+import pytest
 
 from tests.conftest import Stack, router_stack
 from tests.fakebackend import Behaviour
@@ -105,6 +108,36 @@ async def test_disconnect_during_non_streaming_request_closes_upstream_within_20
     for b in stack.backends:
         b.behaviour = Behaviour(ttft_s=30.0)
     assert await _disconnect_case(stack, WHOLE, read_first=False) < 0.2
+
+
+def _watched_after(after_s: float) -> Callable[[list[str]], dict[str, Any]]:
+    return lambda urls: profile(urls, slow_clients={"watch_disconnect_after_s": after_s})
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+async def test_the_routers_server_tells_of_a_disconnect_without_the_watch_delay(read_first: bool) -> None:
+    # A minute's delay: only the server's own word can close upstream within 200 ms.
+    async with router_stack(shape=_watched_after(60.0)) as stack:
+        for b in stack.backends:
+            b.behaviour = Behaviour(tokens=1000, itl_s=0.05)
+        assert await _disconnect_case(stack, STREAM, read_first=read_first) < 0.2
+        # Told by the server: no request waited in the list for a task to listen.
+        assert len(stack.state.runtime.watchlist) == 0
+
+
+async def test_under_another_asgi_server_the_watch_begins_after_its_delay() -> None:
+    async with router_stack(shape=_watched_after(0.02), on_uvicorn=True) as stack:
+        for b in stack.backends:
+            b.behaviour = Behaviour(hang_before_headers=True)
+        assert await _disconnect_case(stack, STREAM, read_first=False) < 0.2
+    async with router_stack(shape=_watched_after(60.0), on_uvicorn=True) as stack:
+        for b in stack.backends:
+            b.behaviour = Behaviour(hang_before_headers=True)
+        _, writer = await _open_raw(stack.url, STREAM)
+        await stack.wait_until(lambda: bool(stack.seen()))
+        # The request waits for its watch, a minute away: listened to by nothing yet.
+        assert len(stack.state.runtime.watchlist) == 1
+        writer.close()
 
 
 async def test_disconnects_release_every_counter(stack: Stack) -> None:
