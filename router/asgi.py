@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -56,6 +57,11 @@ class BodyWriter:
         was last asked, on top of its answer then); `unsent` itself where none is kept. A lag
         sample below its limit by this bound needs no other."""
         return self.unsent()
+
+    def request_task(self) -> asyncio.Task[None] | None:
+        """The task the server runs the app's call for this request in; None where the writer
+        does not know it (the caller asks asyncio)."""
+        return None
 
     def on_disconnect(self, callback: Callable[[], None]) -> bool:
         """Have `callback` called once, from the event loop, if the client goes away while the

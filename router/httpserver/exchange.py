@@ -221,6 +221,9 @@ class Exchange(BodyWriter):
     def unsent_at_most(self) -> int:
         return 0 if self._gone else self._conn.unsent_at_most()
 
+    def request_task(self) -> asyncio.Task[None] | None:
+        return self.task
+
     def on_disconnect(self, callback: Callable[[], None]) -> bool:
         """`BodyWriter` (router/asgi.py): told by the connection's loss (`gone`), without a
         task that waits on `receive` for it."""

@@ -85,10 +85,17 @@ class Watchlist:
     def watch(self, exchange: Answerable, receive: Receive, writer: BodyWriter | None = None) -> Watch:
         """A watch for the current task: told by `writer` when the server can tell (from now
         on), else begun the list's delay from now unless dropped first."""
+        # The server names the request's task itself: asyncio's `current_task` is interpreted.
+        task = writer.request_task() if writer is not None else None
+        if task is not None and writer is not None:
+            watch = Watch(task, exchange, receive, 0.0)
+            if writer.on_disconnect(watch.client_left):
+                return watch
         # The task current on the list's loop is the caller's while that loop runs this thread:
         # asking for the running loop instead costs a system call (asyncio checks the pid).
         loop = self._loop
-        task = None if loop is None else asyncio.current_task(loop)
+        if task is None and loop is not None:
+            task = asyncio.current_task(loop)
         if task is None or loop is None:
             # A runtime used from a new loop (tests run several) starts its timer afresh.
             loop = asyncio.get_running_loop()
@@ -96,10 +103,7 @@ class Watchlist:
             assert task is not None
             self._loop, self._timer = loop, None
             self._waiting.clear()
-        watch = Watch(task, exchange, receive, 0.0)
-        if writer is not None and writer.on_disconnect(watch.client_left):
-            return watch
-        watch.started = loop.time()
+        watch = Watch(task, exchange, receive, loop.time())
         self._waiting[watch] = None
         if self._timer is None:
             self._timer = loop.call_at(watch.started + self._after_s, self._due)

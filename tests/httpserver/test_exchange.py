@@ -70,6 +70,7 @@ async def test_the_body_writer_tells_of_a_client_that_leaves_once_and_not_after_
         await read_all(receive)
         writer = body_writer(scope)
         assert writer is not None
+        app.note("task named", writer.request_task() is asyncio.current_task())
         assert writer.on_disconnect(lambda: app.note("told"))
         app.note("waiting")
         await app.wait_for("told")
@@ -92,6 +93,7 @@ async def test_the_body_writer_tells_of_a_client_that_leaves_once_and_not_after_
         await app.wait_for("waiting")
         client.close()
         await app.wait_for("done")
+        assert await app.wait_for("task named")
         assert [e for e, _ in app.events].count("told") == 1
         # The app returned, its exchange released: a connection lost later calls nothing.
         client = await Raw.open(server.port)
