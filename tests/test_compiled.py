@@ -177,10 +177,10 @@ def _bare_raises(statements: list[ast.stmt]) -> bool:
 
 
 def test_no_compiled_handler_awaits_and_then_re_raises_bare() -> None:
-    # Compiled, an exception that reached the coroutine through the future it awaited (a task's
-    # cancellation, a failed future) is freed while its handler awaits; a bare `raise` after that
-    # crashes the process (docs/compiled.md, "What a compiled module must not do"). The handler
-    # names the exception and raises it by name.
+    # Compiled, when the exception reached the coroutine through the future it awaited (a task's
+    # cancellation, a failed future), what a bare `raise` after the handler's await re-raises is
+    # no longer a live object: the process crashes (docs/compiled.md, "What a compiled module
+    # must not do"). The handler names the exception and raises it by name.
     bare = [
         f"{relative}:{handler.lineno}"
         for relative in listed(ROOT)
