@@ -14,7 +14,6 @@ from router.balance.base import (
     Balancer,
     Candidate,
     Strategy,
-    StrategySettings,
     corrected_load,
 )
 from router.balance.registry import (
@@ -28,6 +27,7 @@ from router.balance.registry import (
     scrapes_load,
     strategy,
 )
+from router.balance.settings import StrategySettings
 
 __all__ = [
     "DEFAULT",

@@ -2,15 +2,19 @@
 on, a scraped load corrected by the router's own sends, and how a strategy declares itself.
 
 Pure: a balancer sees only the candidates' counters and stable names, never sockets or requests.
+Compiled with the request path, as the strategies are: every admitted request calls a balancer's
+`pick` (the settings models, pydantic, are in router/balance/settings.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from mypy_extensions import mypyc_attr
+
+from router.balance.settings import StrategySettings
 
 
 class Candidate(Protocol):
@@ -43,10 +47,14 @@ class AffinityKey:
 Affinity = AffinityKey | bytes | None
 
 
-class Balancer(Protocol):
-    name: str
+class Balancer:
+    """A lane's balancer: `pick` chooses one of the candidates with room. A class rather than a
+    protocol so that admission's call of `pick` is a compiled call (docs/compiled.md)."""
 
-    def pick(self, candidates: Sequence[C], affinity: Affinity) -> C: ...
+    name: ClassVar[str] = ""
+
+    def pick(self, candidates: Sequence[C], affinity: Affinity) -> C:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,25 +76,12 @@ class BalanceHooks:
     on_affinity_hit: Callable[[], None] | None = None
 
 
-class StrategySettings(BaseModel):
-    """A lane's `balance:` block. Each strategy's own model narrows `strategy` to its name (the
-    tag of the union the lane config validates against) and adds the settings it takes. A block
-    that holds nothing but the name is written back as the name (`balance: round_robin`), as a
-    profile spells it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    strategy: str
-
-    @model_serializer(mode="wrap")
-    def _plain_when_bare(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        return self.strategy if isinstance(data, dict) and data.keys() == {"strategy"} else data
-
-
 S = TypeVar("S", bound=StrategySettings)
 
 
+# A plain Python class, even compiled: mypyc cannot build a generic dataclass as one of its own,
+# and a strategy is read only when a lane is built.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class Strategy(Generic[S]):
     """A strategy as the registry knows it: its settings model, how one lane's balancer is
@@ -124,8 +119,8 @@ class Rotation:
 # Weights of scraped vLLM load in `corrected_load`: a waiting request delays a new arrival more
 # than a running one (it is ahead in the queue and the batch is already full), and a nearly full
 # KV cache means the next admission may preempt.
-WAITING_WEIGHT = 1.0
-KV_WEIGHT = 4.0
+WAITING_WEIGHT: Final = 1.0
+KV_WEIGHT: Final = 4.0
 
 
 def corrected_load(

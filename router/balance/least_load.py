@@ -14,16 +14,13 @@ sends, so for many replicas in front of one pool power_of_two herds less.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Final
 
-from router.balance.base import Affinity, BalanceHooks, C, Candidate, Rotation, Strategy, StrategySettings
-
-
-class LeastLoadSettings(StrategySettings):
-    strategy: Literal["least_load"] = "least_load"
+from router.balance.base import Affinity, BalanceHooks, Balancer, C, Candidate, Rotation, Strategy
+from router.balance.settings import LeastLoadSettings
 
 
-class LeastLoad:
+class LeastLoad(Balancer):
     """Lowest corrected load; ties rotate so equal backends share the load."""
 
     name = "least_load"
@@ -43,4 +40,4 @@ def _build(settings: LeastLoadSettings, hooks: BalanceHooks) -> LeastLoad:
     return LeastLoad()
 
 
-STRATEGY = Strategy(LeastLoadSettings, _build, scrapes_load=True)
+STRATEGY: Final[Strategy[LeastLoadSettings]] = Strategy(LeastLoadSettings, _build, scrapes_load=True)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Final
 
-from router.balance.base import Affinity, BalanceHooks, C, Candidate, Rotation, Strategy, StrategySettings
-
-
-class LeastOutstandingSettings(StrategySettings):
-    strategy: Literal["least_outstanding"] = "least_outstanding"
+from router.balance.base import Affinity, BalanceHooks, Balancer, C, Candidate, Rotation, Strategy
+from router.balance.settings import LeastOutstandingSettings
 
 
-class LeastOutstanding:
+class LeastOutstanding(Balancer):
     """Fewest requests in flight; ties rotate so equal backends share the load."""
 
     name = "least_outstanding"
@@ -32,4 +29,4 @@ def _build(settings: LeastOutstandingSettings, hooks: BalanceHooks) -> LeastOuts
     return LeastOutstanding()
 
 
-STRATEGY: Strategy[LeastOutstandingSettings] = Strategy(LeastOutstandingSettings, _build)
+STRATEGY: Final[Strategy[LeastOutstandingSettings]] = Strategy(LeastOutstandingSettings, _build)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Literal
+from typing import Final
 
-from router.balance.base import Affinity, BalanceHooks, C, Strategy, StrategySettings
-
-
-class PowerOfTwoSettings(StrategySettings):
-    strategy: Literal["power_of_two"] = "power_of_two"
+from router.balance.base import Affinity, BalanceHooks, Balancer, C, Strategy
+from router.balance.settings import PowerOfTwoSettings
 
 
-class PowerOfTwo:
+class PowerOfTwo(Balancer):
     """Two random candidates, the less loaded wins: near-best balance at O(1) cost, and herd-free
     when several routers act on the same (slightly stale) scraped load."""
 
@@ -34,4 +31,4 @@ def _build(settings: PowerOfTwoSettings, hooks: BalanceHooks) -> PowerOfTwo:
     return PowerOfTwo()
 
 
-STRATEGY = Strategy(PowerOfTwoSettings, _build, scrapes_load=True)
+STRATEGY: Final[Strategy[PowerOfTwoSettings]] = Strategy(PowerOfTwoSettings, _build, scrapes_load=True)

@@ -6,35 +6,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Final
 
-from pydantic import Field
-
-from router.balance.base import (
-    Affinity,
-    AffinityKey,
-    AffinityRequest,
-    BalanceHooks,
-    C,
-    Strategy,
-    StrategySettings,
-)
+from router.balance.base import Affinity, AffinityKey, AffinityRequest, BalanceHooks, Balancer, C, Strategy
 from router.balance.least_outstanding import LeastOutstanding
+from router.balance.settings import PrefixAffinitySettings
 from router.facts import PREFIX_BLOCK_CHARS
 from router.tokens import CHARS_PER_TOKEN
-
-
-class PrefixAffinitySettings(StrategySettings):
-    """`affinity: prefix` (RAG) keys on the prompt's leading `min_tokens` (default: the profile's
-    `classify.repeated_prefix.min_tokens`), the shared document. `affinity: session` (agent loops)
-    keys on `X-Session-Id`, else the body's `user`, else the prompt itself, so an agent's growing
-    context stays on one backend. `slack`: a backend above (1 + slack) × the pool's mean
-    in-flight load is passed over for the next in rank."""
-
-    strategy: Literal["prefix_affinity"] = "prefix_affinity"
-    affinity: Literal["prefix", "session"] = "prefix"
-    min_tokens: int | None = Field(None, ge=1)
-    slack: float = Field(1.0, ge=0)
 
 
 class PrefixMemory:
@@ -73,7 +51,7 @@ class PrefixMemory:
             del where[next(iter(where))]
 
 
-class PrefixAffinity:
+class PrefixAffinity(Balancer):
     """Prefix affinity with bounded load. The backend that served the longest earlier prompt this
     one extends wins (whole message list, `PrefixMemory`); otherwise rendezvous hashing of the key
     over backend names, so every router replica ranks backends identically without sharing state. A
@@ -166,4 +144,6 @@ def _build(settings: PrefixAffinitySettings, hooks: BalanceHooks) -> PrefixAffin
     return PrefixAffinity(settings.slack, on_hit=hooks.on_affinity_hit)
 
 
-STRATEGY: Strategy[PrefixAffinitySettings] = Strategy(PrefixAffinitySettings, _build, affinity=affinity_key)
+STRATEGY: Final[Strategy[PrefixAffinitySettings]] = Strategy(
+    PrefixAffinitySettings, _build, affinity=affinity_key
+)

@@ -4,7 +4,8 @@ A lane's `balance:` is validated against the union of the registered strategies'
 tagged by `strategy`; the plain string form (`balance: round_robin`) stands for a strategy with
 nothing but defaults. Everything the rest of the router asks of a lane's strategy goes through
 the functions below, so no other module knows a strategy by its name. Adding a strategy is one
-module declaring its `STRATEGY` and one line in `REGISTERED` (docs/balance.md).
+module declaring its `STRATEGY`, its settings model in router/balance/settings.py and one line in
+`REGISTERED` (docs/balance.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 from router.balance import least_load, least_outstanding, power_of_two, prefix_affinity, round_robin
-from router.balance.base import Affinity, AffinityRequest, BalanceHooks, Balancer, Strategy, StrategySettings
+from router.balance.base import Affinity, AffinityRequest, BalanceHooks, Balancer, Strategy
+from router.balance.settings import LeastOutstandingSettings, StrategySettings
 
 REGISTERED: tuple[Strategy[Any], ...] = (
     least_outstanding.STRATEGY,
@@ -37,7 +39,7 @@ else:
     _UNION = functools.reduce(operator.or_, (s.settings for s in REGISTERED))
     BalanceSettings = Annotated[_UNION, Field(discriminator="strategy")]
 
-DEFAULT = least_outstanding.LeastOutstandingSettings()
+DEFAULT = LeastOutstandingSettings()
 
 
 def strategy(settings: StrategySettings) -> Strategy[Any]:

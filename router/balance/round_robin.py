@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Final
 
-from router.balance.base import Affinity, BalanceHooks, C, Strategy, StrategySettings
-
-
-class RoundRobinSettings(StrategySettings):
-    strategy: Literal["round_robin"] = "round_robin"
+from router.balance.base import Affinity, BalanceHooks, Balancer, C, Strategy
+from router.balance.settings import RoundRobinSettings
 
 
-class RoundRobin:
+class RoundRobin(Balancer):
     name = "round_robin"
 
     def __init__(self) -> None:
@@ -27,4 +24,4 @@ def _build(settings: RoundRobinSettings, hooks: BalanceHooks) -> RoundRobin:
     return RoundRobin()
 
 
-STRATEGY = Strategy(RoundRobinSettings, _build)
+STRATEGY: Final[Strategy[RoundRobinSettings]] = Strategy(RoundRobinSettings, _build)

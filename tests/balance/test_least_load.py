@@ -6,7 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from router.balance import STRATEGIES, make_balancer, scrapes_load
-from router.balance.least_load import LeastLoad, LeastLoadSettings
+from router.balance.least_load import LeastLoad
+from router.balance.settings import LeastLoadSettings
 from router.config.load import parse_profile
 from router.config.models import RequestClass
 from router.metrics import Metrics

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from router.balance import STRATEGIES, make_balancer, strategy
-from router.balance.prefix_affinity import PrefixAffinitySettings
+from router.balance.settings import PrefixAffinitySettings
 from router.config.load import ConfigError, parse_profile
 from router.config.models import RequestClass
 from tests.profiles import profile

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from router.auth import hash_key
-from router.balance.prefix_affinity import PrefixAffinitySettings
+from router.balance.settings import PrefixAffinitySettings
 from router.cli import main
 from router.config.load import load_profile
 
