@@ -60,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
         help="turns each target takes at every scenario, in rotating order (default 3)",
     )
     p.add_argument(
+        "--together",
+        action="store_true",
+        help="in each round, every target's load at once (sharing the proxy core) instead of in turns",
+    )
+    p.add_argument(
         "--warmup", type=float, default=1.0, help="seconds of load before each measured one (0: none)"
     )
     p.add_argument("--max-requests", type=int, default=1_000_000, help="per load, at most")
@@ -95,6 +100,7 @@ def settings(args: argparse.Namespace, run_dir: Path) -> harness.Settings:
         load_cpu=None if args.no_pin else args.load_cpu,
         max_requests=args.max_requests,
         rounds=max(1, args.rounds),
+        together=args.together,
     )
 
 
@@ -116,12 +122,17 @@ def header(args: argparse.Namespace, s: harness.Settings, run: harness.Run, argv
         "",
         f"Started {run.started} on {os.cpu_count()} CPUs; {placing}. "
         f"Non-streamed client: {client}; streams: the own load generator. {s.rounds} rounds in "
-        f"which the targets take turns, in an order that rotates each round, with loads of "
-        f"{seconds} s"
+        f"which {_turns(s)}, with loads of {seconds} s"
         + (f" ({s.warmup_s:g} s of warm-up before a target's first)" if s.warmup_s > 0 else "")
         + "; figures are over all rounds (TTFT: the median of the rounds'). Proxy CPU: utime + "
         "stime of its process tree (/proc/PID/stat), before and after each load.",
     ]
+
+
+def _turns(s: harness.Settings) -> str:
+    if s.together:
+        return "every target carries its own load at the same time, the proxies sharing their core"
+    return "the targets take turns, in an order that rotates each round"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,12 +3,16 @@ to the first token and 5 ms between tokens); for each backend, every proxy start
 on the proxy core, in front of it; then rounds in which the targets take turns, each scenario's
 load measured with the proxy's process-tree CPU time read before and after. The order of the
 turns rotates from round to round and the figures are summed over the rounds, so drift of this
-shared machine over the run falls on every target alike instead of on whichever ran last. A
-warm-up load precedes each target's first round. Every load is bounded in time and request count,
-every process is stopped when its block ends, and everything listens on 127.0.0.1."""
+shared machine over the run falls on every target alike instead of on whichever ran last. With
+`together`, each round runs a scenario's load through every target at once instead (one load
+generator each, the proxies sharing their core), so what the machine does meanwhile falls on
+all of them in the same seconds. A warm-up load precedes each target's first round. Every load
+is bounded in time and request count, every process is stopped when its block ends, and
+everything listens on 127.0.0.1."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -42,6 +46,9 @@ class Settings:
     load_cpu: int | None = 0
     max_requests: int = 1_000_000
     rounds: int = 3
+    # Every target's load at once in each round instead of one after another: the targets share
+    # the proxy core and whatever the machine does meanwhile, so its drift cancels in their ratio.
+    together: bool = False
 
 
 @dataclass
@@ -110,18 +117,55 @@ def _run_group(
                 tally.why_not[target.label] = f"failed: {err}"
         for turn in range(settings.rounds):
             progress(f"round {turn + 1} of {settings.rounds} (load average {cpu.load_average()})")
+            if settings.together:
+                _round_together(group, ready, settings, tally, progress, warm_up=turn == 0)
+                continue
             shift = turn % len(ready) if ready else 0
             for running in ready[shift:] + ready[:shift]:
-                label = running.target.label
-                if label in tally.why_not:
-                    continue
-                try:
-                    for scenario in group:
-                        measure = _measure(scenario, running, settings, progress, warm_up=turn == 0)
-                        tally.rounds[label].setdefault(scenario.name, []).append(measure)
-                except MEASURED_FAILURES as err:
-                    progress(f"{label}: failed, {err}")
-                    tally.why_not[label] = f"failed: {err}"
+                for scenario in group:
+                    _tally_one(scenario, running, settings, tally, progress, warm_up=turn == 0)
+
+
+def _round_together(
+    group: list[Scenario],
+    ready: list[Running],
+    settings: Settings,
+    tally: _Tally,
+    progress: Progress,
+    *,
+    warm_up: bool,
+) -> None:
+    """Each scenario's load through every target at once, one load generator each."""
+    for scenario in group:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(ready))) as pool:
+            loads = [
+                pool.submit(_tally_one, scenario, running, settings, tally, progress, warm_up=warm_up)
+                for running in ready
+            ]
+            for load in loads:
+                load.result()  # what is not a measured failure is the harness's own: raise it
+
+
+def _tally_one(
+    scenario: Scenario,
+    running: Running,
+    settings: Settings,
+    tally: _Tally,
+    progress: Progress,
+    *,
+    warm_up: bool,
+) -> None:
+    """One target's measure of `scenario` into the tally; a target that fails is measured no more."""
+    label = running.target.label
+    if label in tally.why_not:
+        return
+    try:
+        measure = _measure(scenario, running, settings, progress, warm_up=warm_up)
+    except MEASURED_FAILURES as err:
+        progress(f"{label}: failed, {err}")
+        tally.why_not[label] = f"failed: {err}"
+        return
+    tally.rounds[label].setdefault(scenario.name, []).append(measure)
 
 
 def _start(
@@ -195,16 +239,18 @@ def _measure(
     if warm_up and settings.warmup_s > 0:  # pools, caches, code paths: not measured
         _loadgen(scenario, running.port, settings, settings.warmup_s)
     progress(f"{running.target.label}: {scenario.title} ({duration:g} s)")
+    started = time.monotonic()
     user, system = cpu.cpu_seconds(running.pids)
     load = _client(scenario, running.port, settings, duration)
     user_after, system_after = cpu.cpu_seconds(running.pids)
+    window = (started, time.monotonic())
     if load.errors or load.bad_counts:
         progress(
             f"{running.target.label}: {scenario.title}: {load.errors} errors, {load.bad_counts} wrong counts"
         )
     if not running.pids:
-        return Measure(load, None)
-    return Measure(load, user_after - user + system_after - system, user_after - user)
+        return Measure(load, None, window=window)
+    return Measure(load, user_after - user + system_after - system, user_after - user, window)
 
 
 def _client(scenario: Scenario, port: int, settings: Settings, duration: float) -> Load:

@@ -58,6 +58,7 @@ class Measure:
     load: Load
     proxy_cpu_s: float | None
     proxy_user_s: float | None = None
+    window: tuple[float, float] = (0.0, 0.0)  # the harness's monotonic clock around the load
 
     @property
     def req_s(self) -> float:
@@ -114,7 +115,8 @@ def combined(rounds: list[Measure]) -> Measure:
         client=loads[0].client,
     )
     user = [m.proxy_user_s for m in rounds]
-    return Measure(load, _total(cpu), _total(user))
+    window = (min(m.window[0] for m in rounds), max(m.window[1] for m in rounds))
+    return Measure(load, _total(cpu), _total(user), window)
 
 
 def _total(values: list[float | None]) -> float | None:
