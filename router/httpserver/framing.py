@@ -18,12 +18,9 @@ _CHUNKED_LINE: Final = b"transfer-encoding: chunked\r\n"
 _CLOSE_LINE: Final = b"connection: close\r\n"
 _KEEP_ALIVE_LINE: Final = b"connection: keep-alive\r\n"
 _EVENT_STREAM: Final = b"text/event-stream"
-# The app's headers the server looks at (all others pass as they are). A name that does not
-# begin with the first letter of one of them (c, d or t, either case) is passed on without being
-# lowered first: most of an answer's headers are x-….
-_SERVER_READS: Final = frozenset(
-    (b"content-length", b"transfer-encoding", b"connection", b"content-type", b"date")
-)
+# The app's headers the server looks at (content-length, content-type, transfer-encoding,
+# connection, date; all others pass as they are) begin with c, d or t. A name that does not, in
+# either case, is passed on without being lowered first: most of an answer's headers are x-….
 _LOWER_C: Final = 99
 _LOWER_D: Final = 100
 _LOWER_T: Final = 116
@@ -57,21 +54,28 @@ def plan_response(
     dated = False
     for name, value in headers:
         first = name[0] | 32 if name else 0
-        if first in (_LOWER_C, _LOWER_D, _LOWER_T) and (low := name.lower()) in _SERVER_READS:
+        if first in (_LOWER_C, _LOWER_D, _LOWER_T):
+            # Compared one by one: a lowered name is a new object, whose hash a set lookup
+            # would compute first.
+            low = name.lower()
             if low == b"content-length":
                 if not value.isdigit():
                     raise RuntimeError(f"invalid content-length {value!r}")
                 length = int(value)
+            elif low == b"content-type":
+                event_stream = value.startswith(_EVENT_STREAM)
             elif low == b"transfer-encoding":
                 continue
             elif low == b"connection":
                 keep_alive = keep_alive and value.lower().find(b"close") < 0
                 continue
-            elif low == b"content-type":
-                event_stream = value.startswith(_EVENT_STREAM)
-            else:
+            elif low == b"date":
                 dated = True
-        parts += (name, b": ", value, b"\r\n")
+        # Four appends: a tuple of the four added at once was built and freed for each header.
+        parts.append(name)
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(CRLF)
     written = (len(parts) - 1) >> 2  # app headers kept: four parts each, one line ending
     if not dated:
         parts.append(date.line())

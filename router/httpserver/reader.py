@@ -36,6 +36,9 @@ BODY_HELD: Final = 2  # the app has not taken the body bytes held for it
 STOPPED: Final = 4  # the connection is ending
 
 
+_HTTP_11: Final = b" HTTP/1.1"
+_HTTP_10: Final = b" HTTP/1.0"
+
 # The methods' names, decoded once.
 _METHODS: Final = MappingProxyType(
     {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE")}
@@ -55,6 +58,7 @@ class RequestReader(Watched):
         "_headers",
         "_last_read",
         "_latest",
+        "_line_version",
         "_parser",
         "_parsing",
         "_paused",
@@ -94,6 +98,8 @@ class RequestReader(Watched):
         self._split_target = b""
         self._split: tuple[str, bytes, bytes] = ("", b"", b"")
         self._expect = False
+        # The version the request line named, read from the bytes (None: the parser is asked).
+        self._line_version: str | None = None
         self._resuming = False
         self._refusal: bytes | None = None
         self._served = 0  # request heads read
@@ -131,6 +137,9 @@ class RequestReader(Watched):
                 self.rearm()
 
     def _feed(self, data: bytes) -> None:
+        if self._phase == WAIT:
+            # A read that begins a request begins with its request line.
+            self._line_version = line_version(data)
         view: bytes | memoryview = data
         limit = self._config.max_head_bytes
         parser = self._parser
@@ -200,7 +209,11 @@ class RequestReader(Watched):
             self._resuming = False
             return
         parser = self._parser
-        version = parser.get_http_version()
+        version = self._line_version
+        if version is None:
+            version = parser.get_http_version()
+        else:
+            self._line_version = None  # a request pipelined behind this one asks the parser
         if version != "1.1" and version != "1.0":
             self._stop(505, f"HTTP/{version} is not supported", "http_version_not_supported")
         headers = self._headers
@@ -277,6 +290,22 @@ class RequestReader(Watched):
                 self.transport.resume_reading()
                 self._last_read = self.loop.time()
                 self.rearm()
+
+
+def line_version(data: bytes) -> str | None:
+    """The version named by the request line `data` begins with, when that line ends in `data`
+    and names HTTP/1.1 or 1.0 (None otherwise: the parser says). The parser will have read the
+    line whole before the version is used, so its last nine bytes are its version."""
+    end = data.find(b"\r\n")
+    if end < 9:
+        return None
+    # The parser's own answer costs a call that formats the version anew for every request.
+    named = data[end - 9 : end]
+    if named == _HTTP_11:
+        return "1.1"
+    if named == _HTTP_10:
+        return "1.0"
+    return None
 
 
 def body_framing(headers: list[tuple[bytes, bytes]]) -> bytes:

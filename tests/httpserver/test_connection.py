@@ -4,13 +4,14 @@ framings, HEAD, 100-continue, Upgrade, and the malformed and smuggling shapes re
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 import pytest
 
 from router.asgi import Receive, Scope, Send, send_bytes, send_json
 from tests.httpserver.apps import Scripted, read_all
-from tests.httpserver.raw import Raw, request, serving
+from tests.httpserver.raw import FedBytes, Raw, request, serving
 
 
 async def test_keep_alive_serves_many_requests_and_connection_close_ends_it() -> None:
@@ -309,3 +310,34 @@ async def test_malformed_and_smuggling_shapes_get_400_or_505_and_a_close(shape: 
     assert orjson.loads(resp.body)["error"]["type"] == "invalid_request_error"
     assert rest == b""  # nothing after the refusal: the request behind it was never read
     assert "/smuggled" not in calls
+
+
+async def test_the_version_is_each_requests_own_however_its_line_arrives(monkeypatch: Any) -> None:
+    fed = FedBytes().install(monkeypatch)
+    kept_10 = "Connection: keep-alive"
+    async with serving() as server:
+        client = await Raw.open(server.port)
+        # Pipelined in one write: the second request's line is in the middle of the read.
+        pipelined = request("GET", "/a") + request("GET", "/b", b"", kept_10, version="1.0")
+        client.send(pipelined)
+        first, second = await client.response(), await client.response()
+        # A line that arrives in two reads: the first read ends inside it.
+        split = request("GET", "/c", b"", kept_10, version="1.0")
+        client.send(split[:14])
+        async with asyncio.timeout(10):
+            while fed.by_client[client.port] < len(pipelined) + 14:
+                await asyncio.sleep(0.01)
+        client.send(split[14:])
+        third = await client.response()
+        # An empty line before the request line.
+        client.send(b"\r\n" + request("GET", "/d"))
+        fourth = await client.response()
+        client.close()
+
+    answers = [orjson.loads(r.body) for r in (first, second, third, fourth)]
+    assert [(a["path"], a["http_version"]) for a in answers] == [
+        ("/a", "1.1"),
+        ("/b", "1.0"),
+        ("/c", "1.0"),
+        ("/d", "1.1"),
+    ]
