@@ -18,6 +18,7 @@
 #   --scale F                                              longer or shorter loads
 #   --rounds N                                             turns per target (default 3)
 #   --together                                             each round's loads through all targets at once
+#                                                          (two targets: CPU 0 carries every load generator)
 # Env: LANE_ROUTER_PEERS_DIR (default ~/.cache/lane-router/peers), PYTHON (for the venv: python3.11)
 set -euo pipefail
 
@@ -32,7 +33,7 @@ log() { printf '[bench-peers %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf '[bench-peers] ERROR: %s\n' "$*" >&2; exit 1; }
 
 for arg in "$@"; do
-  case "$arg" in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
+  case "$arg" in -h|--help) sed -n '2,22p' "$0"; exit 0 ;; esac
 done
 
 # wants KIND: true when the run's --targets (default: all) include KIND.

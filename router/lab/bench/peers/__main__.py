@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--together",
         action="store_true",
-        help="in each round, every target's load at once (sharing the proxy core) instead of in turns",
+        help="in each round, every target's load at once (sharing the proxy core) instead of in turns; "
+        "for two targets: the load core carries the backends and every load generator",
     )
     p.add_argument(
         "--warmup", type=float, default=1.0, help="seconds of load before each measured one (0: none)"
