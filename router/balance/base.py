@@ -8,6 +8,7 @@ Compiled with the request path, as the strategies are: every admitted request ca
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
@@ -47,14 +48,15 @@ class AffinityKey:
 Affinity = AffinityKey | bytes | None
 
 
-class Balancer:
-    """A lane's balancer: `pick` chooses one of the candidates with room. A class rather than a
-    protocol so that admission's call of `pick` is a compiled call (docs/compiled.md)."""
+class Balancer(ABC):
+    """A lane's balancer. An abstract class rather than a protocol so that admission's call of
+    `pick` is a compiled call (docs/compiled.md); mypy refuses a balancer without its `pick`."""
 
     name: ClassVar[str] = ""
 
+    @abstractmethod
     def pick(self, candidates: Sequence[C], affinity: Affinity) -> C:
-        raise NotImplementedError
+        """One of the candidates with room (there is at least one)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,11 +86,13 @@ class Watchlist:
         """A watch for the current task: told by `writer` when the server can tell (from now
         on), else begun the list's delay from now unless dropped first."""
         # The server names the request's task itself: asyncio's `current_task` is interpreted.
-        task = writer.request_task() if writer is not None else None
-        if task is not None and writer is not None:
-            watch = Watch(task, exchange, receive, 0.0)
-            if writer.on_disconnect(watch.client_left):
-                return watch
+        task = None
+        if writer is not None:
+            task = writer.request_task()
+            if task is not None:
+                watch = Watch(task, exchange, receive, 0.0)
+                if writer.on_disconnect(watch.client_left):
+                    return watch
         # The task current on the list's loop is the caller's while that loop runs this thread:
         # asking for the running loop instead costs a system call (asyncio checks the pid).
         loop = self._loop
