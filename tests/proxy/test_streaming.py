@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import time
 from collections.abc import Callable
@@ -54,6 +55,38 @@ async def test_chunks_reach_the_client_as_the_backend_sends_them(stack: Stack) -
     # Buffering anywhere on the path would bunch the events together; relayed as sent, each
     # arrives roughly one backend gap after the one before.
     assert min(gaps) > 0.04, gaps
+
+
+async def test_a_finished_request_leaves_no_cycle_of_the_routers_objects(stack: Stack) -> None:
+    """A request's objects go when it ends, by their reference counts: a cycle among them would
+    leave every request to the cyclic collector, whose passes then grow with the traffic."""
+    for b in stack.backends:
+        b.behaviour = Behaviour(tokens=6)
+    async with stack.client() as client:
+
+        async def both() -> None:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=STREAM, headers=auth("user")
+            ) as resp:
+                assert resp.status_code == 200
+                await resp.aread()
+            resp = await client.post("/v1/chat/completions", json=WHOLE, headers=auth("user"))
+            assert resp.status_code == 200
+
+        await both()  # first-use objects (connections, metric children) are made here
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept to be read
+        try:
+            for _ in range(3):
+                await both()
+            gc.collect()
+            found = sorted(
+                {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("router.")}
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert found == []
 
 
 async def test_keepalive_comments_and_done_marker_pass_through(stack: Stack) -> None:

@@ -122,9 +122,13 @@ def notes(run: Run) -> list[str]:
 def ratios(run: Run, reference: str = REFERENCE) -> list[str]:
     """Each lane-router tree's CPU per request or chunk divided by `reference`'s, over all rounds,
     in each round (the two took their turns in the same round) and the median of those, and the
-    paced streams' TTFT p50 beside the reference's."""
+    paced streams' TTFT p50 beside the reference's. Without the reference, trees compared with
+    one another (`--lane-router-src` repeated) are each divided by the first."""
     theirs = next((r for r in run.results if r.label == reference and r.rounds), None)
     ours = [r for r in run.results if r.label.startswith("lane-router") and r.rounds]
+    if theirs is None and len(ours) > 1:
+        theirs, *ours = ours
+        reference = theirs.label
     if theirs is None or not ours:
         return []
     lines = []

@@ -106,3 +106,9 @@ def test_lane_router_is_compared_with_vllm_router_over_the_run_and_round_by_roun
         "1.50); paced TTFT p50 +0.5 ms (rounds +0.5, -0.5, +1.0)."
     )
     assert ratios(Run(results=[ours])) == []  # nothing to compare with
+    # Trees compared with one another, without vLLM Router: each later one against the first.
+    other = TargetResult("lane-router abc1234", theirs.rounds)
+    (line,) = ratios(Run(results=[other, ours]))
+    assert line.startswith(
+        "lane-router ÷ lane-router abc1234, CPU per request or chunk: paced 1.17 (median 1.10;"
+    )
