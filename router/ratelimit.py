@@ -294,16 +294,24 @@ def refusal(verdict: Verdict) -> RateLimited:
 
 
 # The usage object of an OpenAI response (the JSON body, or the last SSE event when the client
-# asked for stream_options.include_usage).
+# asked for stream_options.include_usage) is looked for in its last USAGE_TAIL_BYTES.
 USAGE_TAIL_BYTES: Final = 2048
+_USAGE: Final = b'"usage"'
 _TOTAL: Final = b'"total_tokens"'
 _PROMPT: Final = b'"prompt_tokens"'
 _COMPLETION: Final = b'"completion_tokens"'
 
 
+def usage_at(tail: bytes) -> int:
+    """Where the last `usage` key in the last USAGE_TAIL_BYTES of `tail` starts, -1 if there is
+    none. A tail may hold more (router/proxy/chunklog.py `UsageTail.value`): what comes before
+    those bytes is not searched, as if it had been cut off."""
+    return tail.rfind(_USAGE, max(0, len(tail) - USAGE_TAIL_BYTES))
+
+
 def parse_usage(tail: bytes) -> int | None:
     """Total tokens from the last `usage` object in the tail of a response, if there is one."""
-    at = tail.rfind(b'"usage"')
+    at = usage_at(tail)
     if at < 0:
         return None
     total = _count_after(tail, _TOTAL, at)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from router.ratelimit import usage_at
 from router.tracecontext import NO_CLIENT_TRACE, ClientTrace
 
 _PROMPT: Final = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -133,7 +134,7 @@ class RequestRecord:
         tail = self.usage_tail
         if not tail:
             return None, None
-        at = tail.rfind(b'"usage"')
+        at = usage_at(tail)
         if at < 0:
             return None, None
         report = tail[at:]

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from router.observer import Observer, traces_endpoint, tracing_enabled
+from router.ratelimit import USAGE_TAIL_BYTES
 from router.requestrecord import RequestRecord
 from router.settings import Settings
 from router.tracecontext import client_trace
@@ -65,3 +66,6 @@ def test_the_usage_report_is_read_from_the_responses_tail() -> None:
     assert rec.usage() == (None, None)
     rec.usage_tail = b'data: {"usage": {"prompt_tokens": 7, "total_tokens": 12, "completion_tokens": 5}}\n\n'
     assert rec.usage() == (7, 5)
+    # Only its last USAGE_TAIL_BYTES are searched, as the rate limits search them.
+    rec.usage_tail += b" " * (USAGE_TAIL_BYTES - 20)
+    assert rec.usage() == (None, None)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from router.errors import RateLimited
 from router.ratelimit import (
+    USAGE_TAIL_BYTES,
     Levels,
     Limits,
     MemoryRateStore,
@@ -22,6 +23,7 @@ from router.ratelimit import (
     rate_headers,
     refill,
     refusal,
+    usage_at,
 )
 
 
@@ -156,6 +158,18 @@ def test_usage_from_the_last_sse_event_and_without_a_total() -> None:
         b"data: [DONE]\n\n"
     )
     assert parse_usage(events) == 12
+
+
+def test_usage_is_looked_for_in_the_tails_last_bytes_only() -> None:
+    report = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}\n\n'
+    before = report + b"x" * USAGE_TAIL_BYTES
+    assert usage_at(before) == -1 and parse_usage(before) is None
+    within = b"x" * USAGE_TAIL_BYTES + report + b"x" * (USAGE_TAIL_BYTES - len(report))
+    assert usage_at(within) == USAGE_TAIL_BYTES + report.index(b'"usage"')
+    assert parse_usage(within) == 12 == parse_usage(within[-USAGE_TAIL_BYTES:])
+    # A key cut by the window's start is not a key.
+    cut = report[report.index(b'"usage"') + 1 :]
+    assert parse_usage(b"{" + report + b"x" * (USAGE_TAIL_BYTES - len(cut))) is None
 
 
 def test_no_usage_is_none() -> None:

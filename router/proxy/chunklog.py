@@ -53,8 +53,15 @@ class UsageTail:
         return sum(map(len, self.chunks))
 
     def value(self) -> bytes:
-        # The chunks the tail is in, not every one kept since the last trim.
-        return b"".join(self.chunks[self._tail_start() :])[-USAGE_TAIL_BYTES:]
+        """The response's last bytes: the chunks its last USAGE_TAIL_BYTES are in, joined (up to
+        a chunk's length more); the chunks kept before them are dropped. Readers search only its
+        last USAGE_TAIL_BYTES (router/ratelimit.py `usage_at`): cutting them out would copy the
+        tail a second time, at the end of every response."""
+        chunks = self.chunks
+        start = self._tail_start()
+        if start:
+            del chunks[:start]
+        return b"".join(chunks)
 
 
 class ChunkLog:
