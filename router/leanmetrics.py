@@ -57,7 +57,8 @@ class GaugeValue:
         self.value = float(value)
 
 
-# The most cells a bucket table has: 8 KiB of pointers to small ints per histogram family.
+# The most cells a bucket table has: 8 KiB of pointers to small ints per histogram family, and
+# as much again per histogram (its own buckets in the same cells).
 TABLE_CELLS: Final = 1024
 
 
@@ -73,7 +74,7 @@ class Buckets:
     the narrowest bucket (a bound per cell at most, so a step at most) and cover [0, `limit`);
     amounts outside that range, or not a number, are searched by bisection."""
 
-    __slots__ = ("_cells", "_scale", "bounds", "le", "limit")
+    __slots__ = ("bounds", "cells", "le", "limit", "scale")
 
     def __init__(self, bounds: tuple[float, ...], le: tuple[str, ...]) -> None:
         self.bounds = bounds
@@ -81,20 +82,20 @@ class Buckets:
         edges = [0.0, *(b for b in bounds if 0.0 < b < INF)]
         widths = [high - low for low, high in itertools.pairwise(edges) if high > low]
         # Cells narrower than a nanosecond would buy nothing and could overflow the products.
-        self._scale = 1.0 / max(min(widths), 1e-9) if widths else 1.0
-        count = int(min(float(TABLE_CELLS), edges[-1] * self._scale + 2.0))
-        self.limit = count / self._scale
+        self.scale = 1.0 / max(min(widths), 1e-9) if widths else 1.0
+        count = int(min(float(TABLE_CELLS), edges[-1] * self.scale + 2.0))
+        self.limit = count / self.scale
         # A bound's cell, clamped to the table (-1: below it, count + 1: above it); clamping keeps
         # the cells in the order of their bounds, and no amount the table serves has either.
-        cells = [int(max(-1.0, min(b * self._scale, count + 1.0))) for b in bounds[:-1]]
+        cells = [int(max(-1.0, min(b * self.scale, count + 1.0))) for b in bounds[:-1]]
         # One cell more than the limit needs: an amount just below it may round up to its cell.
-        self._cells = [next((i for i, c in enumerate(cells) if c >= q), len(cells)) for q in range(count + 1)]
+        self.cells = [next((i for i, c in enumerate(cells) if c >= q), len(cells)) for q in range(count + 1)]
 
     def index(self, amount: float) -> int:
         """The first bucket whose upper bound is >= amount."""
         bounds = self.bounds
         if 0.0 <= amount < self.limit:
-            i: int = self._cells[int(amount * self._scale)]
+            i: int = self.cells[int(amount * self.scale)]
             while bounds[i] < amount:
                 i += 1
             return i
@@ -111,33 +112,52 @@ class Buckets:
         return low
 
 
-class _Count:
-    """One bucket's count, changed in place: compiled, a float kept in a list would be a new
-    object for every observation (a stream observes one per chunk)."""
+class _Bucket:
+    """One bucket of one histogram: its upper bound and its own count (not cumulative) side by
+    side, so an observation compares and counts in one object, and compiled, in place (a float
+    kept in a list would be a new object for every observation; a stream observes one per
+    chunk). `next` is the bucket after it; the last (+Inf) is its own, as no amount passes it."""
 
-    __slots__ = ("value",)
+    __slots__ = ("bound", "count", "next")
 
-    def __init__(self) -> None:
-        self.value = 0.0
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.count = 0.0
+        self.next = self
 
 
 class HistogramValue:
-    __slots__ = ("_buckets", "_counts", "created", "le", "sum")
+    __slots__ = ("_buckets", "_cells", "_limit", "_scale", "_shared", "created", "le", "sum")
 
     def __init__(self, buckets: Buckets) -> None:
-        self._buckets = buckets
+        self._shared = buckets
         self.le = buckets.le
-        self._counts = [_Count() for _ in buckets.bounds]
+        own = [_Bucket(bound) for bound in buckets.bounds]
+        for bucket, after in itertools.pairwise(own):
+            bucket.next = after
+        self._buckets = own
+        # The shared table with this histogram's own buckets in its cells: an observation then
+        # reads one cell and the bucket it counts in, not an index, a bound and a count apart.
+        self._cells = [own[i] for i in buckets.cells]
+        self._scale = buckets.scale
+        self._limit = buckets.limit
         self.sum = 0.0
         self.created = time.time()
 
     @property
     def counts(self) -> list[float]:
         """Each bucket's own count (not cumulative), in the order of the bounds."""
-        return [count.value for count in self._counts]
+        return [bucket.count for bucket in self._buckets]
 
     def observe(self, amount: float) -> None:
-        self._counts[self._buckets.index(amount)].value += 1.0
+        # `Buckets.index` on the buckets themselves: the same cell, the same steps forward.
+        if 0.0 <= amount < self._limit:
+            bucket = self._cells[int(amount * self._scale)]
+            while bucket.bound < amount:
+                bucket = bucket.next
+        else:
+            bucket = self._buckets[self._shared.index(amount)]
+        bucket.count += 1.0
         self.sum += amount
 
 

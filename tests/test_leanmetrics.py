@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from router.leanmetrics import Buckets, counter, gauge, histogram
+from router.leanmetrics import Buckets, HistogramValue, counter, gauge, histogram
 from router.metrics import ITL_BUCKETS, LATENCY_BUCKETS
 
 BUCKETS = (0.001, 0.005, 0.02, 1.0, 8.0)
@@ -113,9 +113,14 @@ def test_the_bucket_table_finds_what_bisection_finds(
     edges = [*bounds, buckets.limit, 0.0]
     # Every bound and the table's own limit, and the floats next to them on either side.
     probes = [*amounts, *(_step(edge, n) for edge in edges for n in near)]
+    child = HistogramValue(buckets)
+    counts = [0.0] * len(buckets.bounds)
     for amount in probes:
         expected = bisect.bisect_left(buckets.bounds, amount)
         assert buckets.index(amount) == expected, (amount, buckets.bounds)
+        child.observe(amount)
+        counts[expected] += 1.0
+        assert child.counts == counts, (amount, buckets.bounds)
 
 
 def _step(x: float, n: int) -> float:
