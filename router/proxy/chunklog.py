@@ -13,59 +13,69 @@ if TYPE_CHECKING:
     from router.proxy.forward import Exchange
 
 _monotonic: Final = time.monotonic
-# How far past the kept tail a response goes before the tail is trimmed: a trim walks the kept
-# chunks, so the wider the slack, the fewer walks per stream, and the more bytes held per stream.
+# How far past the kept tail a response goes before the tail is trimmed: the wider the slack,
+# the fewer trims per stream, and the more bytes held per stream.
 TAIL_SLACK: Final = 2 * USAGE_TAIL_BYTES
 
 
 class UsageTail:
     """The last USAGE_TAIL_BYTES of a response, where its usage report is. Chunks are kept by
-    reference, so keeping them copies nothing. Keeping one is a bare append to `chunks` (no
-    call of ours per chunk); the relay trims once the response's byte count reaches `due`, so
-    the kept chunks never span much more than USAGE_TAIL_BYTES and TAIL_SLACK, plus two chunks."""
+    reference, so keeping them copies nothing: the chunk log appends them to `chunks` itself (no
+    call of ours per chunk) and trims once the response's byte count reaches what the last trim
+    returned, so the kept chunks never span much more than USAGE_TAIL_BYTES and TAIL_SLACK, plus
+    two chunks. A trim walks only the chunks it drops, from the oldest: the bytes dropped before
+    tell how many the kept ones hold, so the chunks that stay are not read again."""
 
-    __slots__ = ("chunks", "due")
+    __slots__ = ("chunks", "dropped")
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
-        self.due = USAGE_TAIL_BYTES  # the byte count of the response at which to trim
+        self.dropped = 0  # the response's bytes no longer kept, all before the kept chunks
 
-    def trim(self, total: int) -> None:
-        """Drop the chunks older than the last USAGE_TAIL_BYTES; `total` is the response's byte
-        count so far, the last kept chunk included."""
-        # One C call, where dropping them one by one cost a call each.
-        del self.chunks[: self._tail_start()]
-        self.due = total + TAIL_SLACK
-
-    def _tail_start(self) -> int:
-        """The first of the chunks that the last USAGE_TAIL_BYTES are in."""
+    def trim(self, total: int) -> int:
+        """Drop the oldest chunks that the last USAGE_TAIL_BYTES are not in; `total` is the
+        response's byte count so far, the last kept chunk included. Returns the byte count at
+        which to trim next."""
         chunks = self.chunks
-        start = len(chunks)
-        size = 0
-        while start > 0 and size < USAGE_TAIL_BYTES:
-            start -= 1
-            size += len(chunks[start])
-        return start
+        held = total - self.dropped
+        first = 0
+        while held - len(chunks[first]) >= USAGE_TAIL_BYTES:
+            held -= len(chunks[first])
+            first += 1
+        # One C call, where dropping them one by one cost a call each.
+        del chunks[:first]
+        self.dropped = total - held
+        return total + TAIL_SLACK
 
     @property
     def held(self) -> int:
         """Bytes kept now (what a stream costs in memory for its usage report)."""
         return sum(map(len, self.chunks))
 
-    def value(self) -> bytes:
-        """The response's last bytes: the chunks its last USAGE_TAIL_BYTES are in, joined (up to
-        a chunk's length more); the chunks kept before them are dropped. Readers search only its
+    def value(self, total: int) -> bytes:
+        """The response's last bytes (`total`, its byte count): the chunks its last
+        USAGE_TAIL_BYTES are in, joined (up to a chunk's length more). Readers search only its
         last USAGE_TAIL_BYTES (router/ratelimit.py `usage_at`): cutting them out would copy the
         tail a second time, at the end of every response."""
-        chunks = self.chunks
-        start = self._tail_start()
-        if start:
-            del chunks[:start]
-        return b"".join(chunks)
+        if total - self.dropped > USAGE_TAIL_BYTES:
+            self.trim(total)
+        return b"".join(self.chunks)
 
 
 class ChunkLog:
-    __slots__ = ("_gaps", "_gate", "_on_chunk", "_tail", "_ticket", "ex", "is_sse", "last", "timing")
+    __slots__ = (
+        "_due",
+        "_gaps",
+        "_gate",
+        "_kept",
+        "_on_chunk",
+        "_tail",
+        "_ticket",
+        "ex",
+        "is_sse",
+        "last",
+        "timing",
+    )
 
     def __init__(self, ex: Exchange, is_sse: bool) -> None:
         self.ex = ex
@@ -76,7 +86,10 @@ class ChunkLog:
         self._gate = ex.lane.pool.gate
         self._ticket = ex.ticket
         self._gaps = ex.gaps
-        self._tail = ex.usage_tail
+        tail = self._tail = ex.usage_tail
+        # The tail's list, appended to here: a read touches the list and not the tail besides.
+        self._kept = tail.chunks if tail is not None else None
+        self._due = USAGE_TAIL_BYTES + TAIL_SLACK  # the byte count at which to trim the tail
         self._on_chunk = ex.on_chunk
 
     def record(self, chunk: bytes) -> float:
@@ -89,11 +102,13 @@ class ChunkLog:
             self.first_byte(now)
         self.last = now
         total = ex.bytes_out = ex.bytes_out + len(chunk)
-        tail = self._tail
-        if tail is not None:
-            tail.chunks.append(chunk)
-            if total >= tail.due:
-                tail.trim(total)
+        kept = self._kept
+        if kept is not None:
+            kept.append(chunk)
+            if total >= self._due:
+                tail = self._tail
+                assert tail is not None
+                self._due = tail.trim(total)
         if self._on_chunk is not None:
             self._on_chunk(chunk)
         return now

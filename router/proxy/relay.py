@@ -149,7 +149,7 @@ def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: f
     rec = ex.record
     rec.first_byte_at = first_byte_at
     rec.bytes_out = ex.bytes_out
-    tail = ex.usage_tail.value() if ex.usage_tail is not None else b""
+    tail = ex.usage_tail.value(ex.bytes_out) if ex.usage_tail is not None else b""
     if tail:
         rec.usage_tail = tail
     if ex.response_started:
