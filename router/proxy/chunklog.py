@@ -71,6 +71,7 @@ class ChunkLog:
         "_on_chunk",
         "_tail",
         "_ticket",
+        "bytes_out",
         "ex",
         "is_sse",
         "last",
@@ -91,17 +92,19 @@ class ChunkLog:
         self._kept = tail.chunks if tail is not None else None
         self._due = USAGE_TAIL_BYTES + TAIL_SLACK  # the byte count at which to trim the tail
         self._on_chunk = ex.on_chunk
+        # The response's bytes so far, counted here and handed to the exchange when the relay
+        # ends (router/proxy/respond.py): a read touches the log, not the exchange besides.
+        self.bytes_out = ex.bytes_out
 
     def record(self, chunk: bytes) -> float:
         """Record `chunk`'s arrival; return the time it was seen."""
         now = _monotonic()
-        ex = self.ex
         if self.timing:
             self._gaps.observe(now - self.last)
-        elif ex.first_byte_at is None:
+        elif self.ex.first_byte_at is None:
             self.first_byte(now)
         self.last = now
-        total = ex.bytes_out = ex.bytes_out + len(chunk)
+        total = self.bytes_out = self.bytes_out + len(chunk)
         kept = self._kept
         if kept is not None:
             kept.append(chunk)

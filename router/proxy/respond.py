@@ -48,14 +48,17 @@ async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamRespo
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
     seen = ChunkLog(ex, is_sse)
-    if ex.lane.settings.decouple:
-        await _relay_decoupled(runtime, response, send, seen)
-    elif ex.writer is not None and is_sse:
-        # A stream's reads go out from the read callback; a whole body is mostly in hand by
-        # now, so the task writes it itself, which costs less than setting up a splice.
-        await _relay_spliced(runtime, response, send, seen, ex.writer)
-    else:
-        await _relay_direct(runtime, response, send, seen, first)
+    try:
+        if ex.lane.settings.decouple:
+            await _relay_decoupled(runtime, response, send, seen)
+        elif ex.writer is not None and is_sse:
+            # A stream's reads go out from the read callback; a whole body is mostly in hand by
+            # now, so the task writes it itself, which costs less than setting up a splice.
+            await _relay_spliced(runtime, response, send, seen, ex.writer)
+        else:
+            await _relay_direct(runtime, response, send, seen, first)
+    finally:
+        ex.bytes_out = seen.bytes_out
 
 
 def _answer_whole(
@@ -66,7 +69,9 @@ def _answer_whole(
     writer.respond(status, headers, body)
     ex.response_started = True
     if body:
-        ChunkLog(ex, False).record(body)
+        seen = ChunkLog(ex, False)
+        seen.record(body)
+        ex.bytes_out = seen.bytes_out
     ex.answered = True
 
 

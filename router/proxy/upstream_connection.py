@@ -185,7 +185,8 @@ class UpstreamConnection(UpstreamBody):
     def _paced(self) -> bool:
         """Whether a read that made one piece (not empty), the body going on, is a paced
         stream's: one for the sink, with nothing buffered before it."""
-        return self._sink is not None and self._exc is None and len(self._body) == 0
+        # Nothing buffered: `_buffered` counts the bytes in `_body`, which holds no empty piece.
+        return self._sink is not None and self._exc is None and self._buffered == 0
 
     def _relay(self, piece: bytes, framed: bytes | None) -> None:
         """A paced stream's read handed to the sink here, without passing through the buffer,

@@ -77,11 +77,11 @@ def test_the_tail_is_the_bodys_last_bytes_and_stays_small(seed: int) -> None:
             log.record(piece)
             seen += piece
             assert tail.held <= USAGE_TAIL_BYTES + TAIL_SLACK + 2 * max(map(len, pieces))
-            value = tail.value(ex.bytes_out)
+            value = tail.value(log.bytes_out)
             # The body's last bytes, at least USAGE_TAIL_BYTES of them, at most a piece more.
             assert seen.endswith(value) and value[-USAGE_TAIL_BYTES:] == seen[-USAGE_TAIL_BYTES:]
             assert len(value) < USAGE_TAIL_BYTES + max(map(len, pieces))
-        assert ex.bytes_out == len(seen)
+        assert log.bytes_out == len(seen)
 
 
 def test_a_streams_first_byte_ends_its_prefill_and_later_chunks_time_its_gaps() -> None:
@@ -101,4 +101,4 @@ def test_a_whole_body_has_a_first_byte_and_no_gaps() -> None:
     log = ChunkLog(ex, is_sse=False)
     log.record(b'{"a":')
     log.record(b"1}")
-    assert ex.first_byte_at is not None and sum(gaps.counts) == 0 and ex.bytes_out == 7
+    assert ex.first_byte_at is not None and sum(gaps.counts) == 0 and log.bytes_out == 7
