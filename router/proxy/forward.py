@@ -115,7 +115,7 @@ class Exchange:
         self.response_started = False
         self.first_byte_at: float | None = None
         self.status = 0
-        self.bytes_out = 0
+        self.bytes_out = 0  # the response's body bytes, set when its relay ends (router/proxy/respond.py)
         # The last body message went out: the server reports a disconnect from then on (ASGI),
         # and that is the exchange ending, not the client leaving.
         self.answered = False
