@@ -10,7 +10,7 @@ from typing import Any, Final, NamedTuple
 
 from router.asgi import Receive, Send
 from router.auth import ApiKey
-from router.errors import RouterError, Unavailable
+from router.errors import RouterError, Unavailable, UpstreamError
 from router.metrics import RouteMetrics
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange, finish, open_response
@@ -113,6 +113,9 @@ async def _exchange(
         except RouterError as err:
             status = err.status
             served = ex.response_started or not isinstance(err, Unavailable)
+            if response is not None and isinstance(err, UpstreamError):
+                # The backend failed mid-body, before the client got a byte: a failed attempt.
+                _count_failure(runtime, ex, err)
             raise
         finally:
             finish(ex, gate, response)
@@ -135,6 +138,12 @@ async def _exchange(
         raise exc  # named, not bare: docs/compiled.md
     if settle is not None:
         await _settle_shared(*settle)
+
+
+def _count_failure(runtime: Runtime, ex: Exchange, err: UpstreamError) -> None:
+    backend = ex.ticket.backend
+    if backend is not None:
+        runtime.metrics.upstream_errors.labels(backend.pool, backend.name, err.code).inc()
 
 
 def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:

@@ -1,10 +1,12 @@
 """Relaying an opened response to the client (router/proxy/forward.py opens it).
 
-Every upstream read is written to the client as it arrives (bytes as received, never
-re-encoded), under the headers `client_headers` lets through. A non-streamed response's status
-waits for its body to begin, so a backend dying in between still gets the client an error
-envelope; a stream starts at once, and a failure after that ends it with an SSE error event. A
-stream's reads go from the upstream read callback straight to the client's socket
+A stream's every upstream read is written to the client as it arrives (bytes as received, never
+re-encoded), under the headers `client_headers` lets through; a failure after its start ends it
+with an SSE error event. A non-streamed response is held until its body is whole (up to
+HELD_BODY_BYTES) and answered in one piece, so a backend that closes, resets or stalls mid-body
+gets the client an error envelope (502, 504), never a 200 cut short. A longer one is relayed as
+it arrives once past the bound, and cut short it drops the client connection without ending the
+body. A stream's reads go from the upstream read callback straight to the client's socket
 (router/proxy/splice.py). When the client falls behind (router.slowclient) the rest of the stream
 is decoupled: a producer drains upstream into a bounded buffer and the relay feeds the client
 from it."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Final
 
 from router.asgi import BodyWriter, Send
 from router.errors import UpstreamError, error_event
@@ -24,33 +27,42 @@ from router.proxy.upstream_response import UpstreamResponse
 from router.runtime import Runtime
 from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 
+# A non-streamed answer is held until it is whole up to this many bytes (answers are mostly a few
+# KiB; a large batch of embeddings can be MiBs): past it the rest is relayed as it arrives.
+HELD_BODY_BYTES: Final = 1024 * 1024
+
 
 async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
     headers, is_sse = client_headers(response.headers, ex.response_headers)
     first = b""
+    seen: ChunkLog | None = None
     if not is_sse:
-        # A status once sent cannot be taken back: wait until the body begins, so a backend
-        # that fails in between still gets the client an error envelope, not a 200 cut short.
-        writer = ex.writer
-        if writer is None or ex.lane.settings.decouple:
+        # A status once sent cannot be taken back: the body is held until it is whole, so a
+        # backend that fails before its end still gets the client an error envelope.
+        ready = response.take_ready()
+        if ready is None:
             await response.wait_body()
-        else:
-            # Mostly the whole body is here by now: it goes out with the head, in one write.
             ready = response.take_ready()
-            if ready is None:
-                await response.wait_body()
-                ready = response.take_ready()
-            first = ready or b""
-            if response.at_end:
-                _answer_whole(ex, response.status, headers, first, writer)
-                return
+        if ready is None or not response.at_end:
+            seen = ChunkLog(ex, False)
+            ready = await _held(response, seen, ready or b"")
+        if response.at_end:
+            # Mostly the whole body was here with the head: it goes out with it, in one write.
+            writer = ex.writer
+            if writer is not None:
+                _answer_whole(ex, response.status, headers, ready, writer, seen)
+            else:
+                await _send_whole(ex, response.status, headers, ready, send, seen)
+            return
+        first = ready
     ex.status = response.status
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     ex.response_started = True
-    seen = ChunkLog(ex, is_sse)
+    if seen is None:
+        seen = ChunkLog(ex, is_sse)
     try:
         if ex.lane.settings.decouple:
-            await _relay_decoupled(runtime, response, send, seen)
+            await _relay_decoupled(runtime, response, send, seen, first)
         elif ex.writer is not None and is_sse:
             # A stream's reads go out from the read callback; a whole body is mostly in hand by
             # now, so the task writes it itself, which costs less than setting up a splice.
@@ -61,16 +73,62 @@ async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamRespo
         ex.bytes_out = seen.bytes_out
 
 
+async def _held(response: UpstreamResponse, seen: ChunkLog, first: bytes) -> bytes:
+    """The body from `first` (its beginning, already taken) until its end, or until it is past
+    HELD_BODY_BYTES, each read recorded as it arrives. A failure before either is raised:
+    nothing has gone to the client yet."""
+    parts = [first]
+    size = len(first)
+    if first:
+        seen.record(first)
+    while size <= HELD_BODY_BYTES and not response.at_end:
+        chunk = response.take_ready()
+        if chunk is None:
+            await response.wait_body()
+            continue
+        seen.record(chunk)
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
 def _answer_whole(
-    ex: Exchange, status: int, headers: list[tuple[bytes, bytes]], body: bytes, writer: BodyWriter
+    ex: Exchange,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    writer: BodyWriter,
+    seen: ChunkLog | None,
 ) -> None:
-    """The response in one piece: the head and the whole body, written together."""
+    """The response in one piece: the head and the whole body, written together. `seen`: the
+    log the body was recorded in as it arrived; None when it was taken in one read."""
     ex.status = status
     writer.respond(status, headers, body)
     ex.response_started = True
-    if body:
+    _answered(ex, body, seen)
+
+
+async def _send_whole(
+    ex: Exchange,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    send: Send,
+    seen: ChunkLog | None,
+) -> None:
+    """`_answer_whole` through `send`, for a server without a body writer."""
+    ex.status = status
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    ex.response_started = True
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    _answered(ex, body, seen)
+
+
+def _answered(ex: Exchange, body: bytes, seen: ChunkLog | None) -> None:
+    if seen is None and body:
         seen = ChunkLog(ex, False)
         seen.record(body)
+    if seen is not None:
         ex.bytes_out = seen.bytes_out
     ex.answered = True
 
@@ -101,7 +159,7 @@ async def _relay_spliced(
 async def _relay_direct(
     runtime: Runtime, response: UpstreamResponse, send: Send, seen: ChunkLog, first: bytes = b""
 ) -> None:
-    """`first`: the body's beginning, already taken from the response."""
+    """`first`: the body's beginning, already taken from the response and recorded."""
     # The client's lag is sampled every LAG_CHECK_S; a write that blocked on a full client
     # socket makes the next sample due at once.
     next_check = time.monotonic() + LAG_CHECK_S
@@ -109,7 +167,6 @@ async def _relay_direct(
     record = seen.record
     writer = seen.ex.writer
     if first:
-        record(first)
         await send({"type": "http.response.body", "body": first, "more_body": True})
     try:
         async for chunk in response:

@@ -9,12 +9,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from router.accesslog import AccessLog
 from tests.conftest import Stack, router_stack
 from tests.profiles import MODEL, auth, profile
 from tests.proxy.rawserver import (
@@ -54,9 +56,12 @@ def writes(data: bytes, keep: bool = True) -> Reply:
 
 
 @contextlib.asynccontextmanager
-async def hostile(*replies: Reply | str, **pool: Any) -> AsyncIterator[tuple[Stack, list[RawServer]]]:
+async def hostile(
+    *replies: Reply | str, on_uvicorn: bool = False, **pool: Any
+) -> AsyncIterator[tuple[Stack, list[RawServer]]]:
     """A router whose interactive pool has one backend per reply (a string is a backend origin
-    as it is, such as a port nobody listens on); `pool` overrides the pool's settings."""
+    as it is, such as a port nobody listens on); `pool` overrides the pool's settings. On
+    uvicorn the router relays without the server's body writer, as under any ASGI server."""
     async with raw_servers() as start:
         servers = [await start(backend(r)) for r in replies if not isinstance(r, str)]
         found = iter(servers)
@@ -67,7 +72,7 @@ async def hostile(*replies: Reply | str, **pool: Any) -> AsyncIterator[tuple[Sta
             data["pools"]["interactive"].update(pool)
             return data
 
-        async with router_stack(n_backends=0, shape=shape) as stack:
+        async with router_stack(n_backends=0, shape=shape, on_uvicorn=on_uvicorn) as stack:
             yield stack, servers
 
 
@@ -308,3 +313,184 @@ async def test_a_paced_streams_chunks_reach_the_client_as_its_backend_spelled_th
                 got.append(line)
                 acks.put_nowait(None)
     assert got == [e.decode().strip() for e in events]
+
+
+# -- a non-streamed answer cut short -------------------------------------------------------------
+
+# 283 bytes of JSON, as a small chat completion is.
+WHOLE_ANSWER = b'{"id":"cmpl-2","object":"chat.completion","choices":[],"pad":"%s"}' % (b"x" * 219)
+
+
+def _framed(chunked: bool, body: bytes, parts: int = 1) -> list[bytes]:
+    """A 200 of `body` as the writes that carry it: the head first, then `body` in `parts` pieces
+    (each one chunk when `chunked`, then the last chunk)."""
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
+    step = -(-len(body) // parts)
+    pieces = [body[i : i + step] for i in range(0, len(body), step)]
+    if not chunked:
+        return [_head(b"200 OK", b"Content-Type: application/json", framing), *pieces]
+    head = _head(b"200 OK", b"Content-Type: application/json", framing)
+    return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces), b"0\r\n\r\n"]
+
+
+def _cut(chunked: bool, reset: bool, sent: int = 20) -> Reply:
+    """The head and the first `sent` body bytes of WHOLE_ANSWER, then a reset or a close."""
+
+    async def reply(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head, *_ = _framed(chunked, WHOLE_ANSWER)
+        start = WHOLE_ANSWER[:sent]
+        writer.write(head + (b"%x\r\n%s\r\n" % (len(start), start) if chunked else start))
+        await writer.drain()
+        if reset:
+            writer.transport.abort()
+        return False
+
+    return reply
+
+
+async def _post_status(stack: Stack) -> tuple[int, bytes]:
+    """The status the client is sent first, then the body it reads (b"" if it was cut: the
+    client could not take it for whole)."""
+    async with (
+        stack.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=WHOLE, headers=auth("user")) as resp,
+    ):
+        status = resp.status_code
+        try:
+            return status, await resp.aread()
+        except httpx.RemoteProtocolError:
+            return status, b""
+
+
+async def _access_lines(stack: Stack, log: Path) -> list[dict[str, Any]]:
+    observer = stack.state.runtime.observer
+    access = observer.access
+    assert access is not None
+    observer.access = None
+
+    def closed_and_read() -> bytes:
+        access.close()  # writes what is queued
+        return log.read_bytes()
+
+    return [orjson.loads(line) for line in (await asyncio.to_thread(closed_and_read)).splitlines()]
+
+
+def _log_to(stack: Stack, log: Path) -> None:
+    stack.state.runtime.observer.access = AccessLog(str(log), 100)
+
+
+@pytest.mark.parametrize("on_uvicorn", [False, True], ids=["own-server", "uvicorn"])
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "close"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_non_streamed_answer_cut_mid_body_is_a_502_not_a_200(
+    chunked: bool, reset: bool, on_uvicorn: bool, tmp_path: Path
+) -> None:
+    async with hostile(_cut(chunked, reset), _cut(chunked, reset), on_uvicorn=on_uvicorn) as (stack, servers):
+        _log_to(stack, tmp_path / "access.log")
+        status, body = await _post_status(stack)
+        exposition = stack.state.metrics.exposition().decode()
+        [line] = await _access_lines(stack, tmp_path / "access.log")
+    assert status == 502
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "upstream_closed"
+    assert error["message"].endswith("closed the connection mid-response")
+    _names_no_address(error["message"])
+    # Sent once: a cut answer is not retried on the other backend.
+    assert sum(len(s.posts) for s in servers) == 1
+    assert 'lane_router_retries_total{pool="interactive"}' not in exposition
+    assert 'pool="interactive",reason="upstream_closed"} 1.0' in exposition
+    assert (
+        'lane_router_requests_total{class="chat",lane="chat",pool="interactive",status="502"} 1.0'
+        in exposition
+    )
+    assert (line["status"], line["error"], line["bytes_out"]) == (502, "upstream_closed", 0)
+
+
+def _stall(chunked: bool) -> Reply:
+    """The head and one body byte, then silence until the router gives up."""
+
+    async def reply(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head, *_ = _framed(chunked, b"{}")
+        writer.write(head + (b"2\r\n{" if chunked else b"{"))
+        await writer.drain()
+        await reader.read()  # the router's close, once its read timeout passed
+        return False
+
+    return reply
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_non_streamed_answer_stalled_mid_body_is_a_504_at_the_read_timeout(
+    chunked: bool, tmp_path: Path
+) -> None:
+    async with hostile(_stall(chunked), read_timeout_s=0.3) as (stack, servers):
+        _log_to(stack, tmp_path / "access.log")
+        status, body = await _post_status(stack)
+        exposition = stack.state.metrics.exposition().decode()
+        [line] = await _access_lines(stack, tmp_path / "access.log")
+    assert status == 504
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "upstream_timeout"
+    assert error["message"].startswith(LABEL + ": ")
+    assert len(servers[0].posts) == 1
+    assert 'pool="interactive",reason="upstream_timeout"} 1.0' in exposition
+    assert (line["status"], line["error"]) == (504, "upstream_timeout")
+
+
+def _in_writes(writes: list[bytes], then_close: bool = False) -> Reply:
+    """Each of `writes` sent on its own, the backend waiting for it to leave first."""
+
+    async def reply(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        for data in writes:
+            writer.write(data)
+            await writer.drain()
+        return not then_close
+
+    return reply
+
+
+LARGE = b'{"data":"%s"}' % (b"0123456789abcdef" * (2 * 1024 * 1024 // 16))  # past the held bound
+
+
+@pytest.mark.parametrize("on_uvicorn", [False, True], ids=["own-server", "uvicorn"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("body", [WHOLE_ANSWER, LARGE], ids=["small", "past-the-held-bound"])
+async def test_a_whole_answer_in_many_reads_reaches_the_client_byte_for_byte(
+    body: bytes, chunked: bool, on_uvicorn: bool
+) -> None:
+    writes = _framed(chunked, body, parts=7)
+    async with hostile(_in_writes(writes), on_uvicorn=on_uvicorn) as (stack, _):
+        status, got = await _post_status(stack)
+    assert status == 200 and got == body
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_an_answer_past_the_held_bound_cut_short_drops_the_client_without_an_end(chunked: bool) -> None:
+    """Past the bound the head has gone out: a cut then leaves the client a body that never
+    ended (no last chunk, fewer bytes than its length), never one it could take for whole."""
+    writes = _framed(chunked, LARGE, parts=8)[:-3]  # the head and the first 5/8, then a close
+    async with (
+        hostile(_in_writes(writes, then_close=True)) as (stack, servers),
+        stack.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=WHOLE, headers=auth("user")) as resp,
+    ):
+        assert resp.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):
+            await resp.aread()
+    assert len(servers[0].posts) == 1
+
+
+async def test_a_stream_stalled_mid_body_ends_with_an_error_event_at_the_read_timeout() -> None:
+    async def stall(request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head = _head(b"200 OK", b"Content-Type: text/event-stream", b"Transfer-Encoding: chunked")
+        writer.write(head + b"9\r\ndata: 1\n\n\r\n")
+        await writer.drain()
+        await reader.read()
+        return False
+
+    async with hostile(stall, read_timeout_s=0.3) as (stack, _):
+        resp = await _post(stack, STREAM)
+    assert resp.status_code == 200
+    first, error = [e for e in resp.text.split("\n\n") if e]
+    assert first == "data: 1"
+    assert orjson.loads(error.removeprefix("data: "))["error"]["code"] == "upstream_timeout"
