@@ -15,6 +15,7 @@ HEAD_TIMEOUT_MAX_S: Final = 30.0
 class ServerConfig:
     # Request line plus headers, counted as bytes fed to the parser: beyond it a head is refused
     # (431) before anything is accumulated, so an endless header costs at most this much memory.
+    # A chunked body's trailer, and each of its chunk size lines, is held to it as well.
     max_head_bytes: int = 64 * 1024
     max_headers: int = 100
     # From connect (or from the first byte after a kept-alive response) to a complete head; it

@@ -294,6 +294,8 @@ class Connection(RequestReader):
             if self._paused:
                 return INF
             stall = self._last_read + config.body_timeout_s
+            if self.in_trailer():  # a trailer is a head: complete in the head's time
+                stall = min(stall, self._bare_since + config.head_timeout_s)
             return min(stall, self._since + DRAIN_S) if self._draining else stall
         if phase == ENDING or self._active is not None:
             return INF  # a response in progress is bounded by the app, not by the server
@@ -306,6 +308,10 @@ class Connection(RequestReader):
         if phase == BODY:
             if self._draining:
                 self._close()
+            elif self.in_trailer():
+                self._refuse(
+                    client_error(self.date, 408, "the request trailer came too slowly", "request_timeout")
+                )
             else:
                 self.abort()  # the body stalled: the app sees a disconnect
         elif phase == HEAD:

@@ -4,8 +4,12 @@ parser events into requests.
 Bytes are fed to the parser within a budget while a head is incomplete, so a head that never
 ends is refused after `max_head_bytes` (plus at most the rest of one socket read) instead of
 growing in the parser; the header count is checked as each header completes. Both happen before
-the app is called. `Connection` (router/httpserver/connection.py) decides what a parsed request
-leads to."""
+the app is called. A chunked body's framing (each size line, and the trailer after the last
+chunk) is fed within the same budget, counted afresh at every chunk, so only body data is fed
+unbounded; trailer fields are read and dropped, never part of the request's headers (RFC 9110
+§6.5.1), and the trailer has the head's deadline. A transfer coding other than `chunked` is
+refused (501) before the app is called. `Connection` (router/httpserver/connection.py) decides
+what a parsed request leads to."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from router.httpserver.deadlines import Watched
+from router.httpserver.deadlines import INF, Watched
 from router.httpserver.scope import http_scope, scope_base, split_target
 from router.httpserver.wire import client_error
 
@@ -51,7 +55,10 @@ class _Refused(Exception):
 
 class RequestReader(Watched):
     __slots__ = (
+        "_bare_since",
+        "_coded",
         "_config",
+        "_counted",
         "_draining",
         "_expect",
         "_head_bytes",
@@ -91,6 +98,12 @@ class RequestReader(Watched):
         self._paused = 0
         self._last_read = 0.0
         self._head_bytes = 0
+        # Whether the bytes being fed count against `max_head_bytes`: all but body data.
+        self._counted = True
+        # The read time of the size line a chunk began with while none of its data has come:
+        # the last chunk's trailer is being read (or, briefly, a chunk's data is yet to arrive).
+        self._bare_since = INF
+        self._coded = False  # the head names a transfer coding
         self._headers: list[tuple[bytes, bytes]] = []
         self._target = b""
         self._scope_base: dict[str, Any] | None = None  # once the endpoints are known
@@ -145,7 +158,7 @@ class RequestReader(Watched):
         parser = self._parser
         while view:
             piece = view
-            if self._phase != BODY:
+            if self._counted:
                 room = limit - self._head_bytes
                 if len(view) > room:
                     view = memoryview(view)
@@ -165,14 +178,19 @@ class RequestReader(Watched):
                 return
             if self._phase == ENDING:
                 return
-            if self._phase != BODY and self._head_bytes >= limit:
-                self._refuse(
-                    client_error(
-                        self.date, 431, "the request head is too large", "request_header_fields_too_large"
-                    )
-                )
+            if self._counted and self._head_bytes >= limit:
+                self._refuse(self._too_large())
                 return
             view = view[len(piece) :]
+
+    def _too_large(self) -> bytes:
+        if self._phase != BODY:
+            what = "the request head is too large"
+        elif self.in_trailer():
+            what = "the request trailer is too large"
+        else:
+            return client_error(self.date, 400, "a chunk size line is too long", "invalid_request")
+        return client_error(self.date, 431, what, "request_header_fields_too_large")
 
     def _bad_request(self, exc: Exception) -> bytes:
         return client_error(self.date, 400, f"malformed request: {exc}", "invalid_request")
@@ -188,20 +206,24 @@ class RequestReader(Watched):
         self._target = b""
         self._headers = []
         self._expect = False
+        self._coded = False
         self._head_started()
 
     def on_url(self, url: bytes) -> None:
         self._target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._resuming:
-            return
+        if self._phase != HEAD:
+            return  # a trailer field (or the framing `_upgraded` primes a parser with): dropped
         headers = self._headers
         if len(headers) >= self._config.max_headers:
             self._stop(431, "too many request headers", "too_many_headers")
         name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
-            self._expect = True
+        if name == b"expect":
+            if value.lower() == b"100-continue":
+                self._expect = True
+        elif name == b"transfer-encoding":
+            self._coded = True
         headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -217,10 +239,12 @@ class RequestReader(Watched):
         if version != "1.1" and version != "1.0":
             self._stop(505, f"HTTP/{version} is not supported", "http_version_not_supported")
         headers = self._headers
-        if version == "1.0" and any(name == b"transfer-encoding" for name, _ in headers):
-            self._stop(400, "transfer-encoding is not allowed in HTTP/1.0", "invalid_request")
+        if self._coded:
+            self._check_codings(version, headers)
         self._phase = BODY
         self._head_bytes = 0
+        # A chunked body begins with framing; any other is data from its first byte.
+        self._counted = self._coded
         self._served += 1
         raw_method = parser.get_method()
         try:
@@ -240,7 +264,19 @@ class RequestReader(Watched):
         keep_alive = parser.should_keep_alive() and not self.closing and method != "CONNECT"
         self._parsing = self._latest = self._accept(scope, keep_alive, self._expect and version == "1.1")
 
+    def on_chunk_header(self) -> None:
+        # What follows the size line is the chunk's data, or the trailer if it was the last.
+        self._head_bytes = 0
+        self._bare_since = self._last_read
+
+    def on_chunk_complete(self) -> None:
+        # The next chunk's size line (or nothing: the message is complete) follows.
+        self._counted = True
+        self._head_bytes = 0
+        self._bare_since = INF
+
     def on_body(self, body: bytes) -> None:
+        self._counted = False
         ex = self._parsing
         if ex is not None and ex.feed(body, self._config.body_buffer_bytes):
             self._pause(BODY_HELD)
@@ -253,9 +289,23 @@ class RequestReader(Watched):
             return  # the parser skipped this body: `_upgraded` has it read
         self._parsing = None
         self._phase = WAIT
+        self._counted = True  # the next request's head
         ex.end_body()
         if self._draining:
             self._drained()
+
+    def _check_codings(self, version: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """A request may frame its body in chunks and nothing else: the server decodes no other
+        transfer coding, and one it passed on undecoded would be read as the body itself."""
+        if version == "1.0":
+            self._stop(400, "transfer-encoding is not allowed in HTTP/1.0", "invalid_request")
+        codings = transfer_codings(headers)
+        unknown = [coding for coding in codings if coding != b"chunked"]
+        if unknown:
+            named = b", ".join(unknown).decode("latin-1")
+            self._stop(501, f"transfer coding {named!r} is not implemented", "unsupported_transfer_coding")
+        if len(codings) != 1:
+            self._stop(400, "transfer-encoding must name chunked exactly once", "invalid_request")
 
     def _stop(self, status: int, message: str, code: str) -> None:
         self._refusal = client_error(self.date, status, message, code)
@@ -283,12 +333,19 @@ class RequestReader(Watched):
             self.transport.pause_reading()
         self._paused |= reason
 
+    def in_trailer(self) -> bool:
+        """Whether a chunk's size line was the last one read and none of its data has come: the
+        trailer of the last chunk is being read (or a chunk's data is about to arrive)."""
+        return self._counted and self._bare_since != INF
+
     def _resume(self, reason: int) -> None:
         if self._paused & reason:
             self._paused &= ~reason
             if not self._paused:
                 self.transport.resume_reading()
                 self._last_read = self.loop.time()
+                if self.in_trailer():  # its clock ran while the server did not read
+                    self._bare_since = self._last_read
                 self.rearm()
 
 
@@ -306,6 +363,19 @@ def line_version(data: bytes) -> str | None:
     if named == _HTTP_10:
         return "1.0"
     return None
+
+
+def transfer_codings(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The transfer codings a head names, in order and lowered, over all its transfer-encoding
+    fields; empty list elements are skipped (RFC 9110 §5.6.1)."""
+    codings = []
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            for element in value.split(b","):
+                coding = element.strip(b" \t").lower()
+                if coding:
+                    codings.append(coding)
+    return codings
 
 
 def body_framing(headers: list[tuple[bytes, bytes]]) -> bytes:
