@@ -5,6 +5,7 @@ aborts the backend's request."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from router.backendhealth import Health
 from tests.conftest import Stack
 from tests.fakebackend import Seen
 from tests.proxy.apistack import api_profile, api_stack, bearer, client, sdk, write_profile
@@ -188,3 +190,32 @@ async def test_a_key_without_the_responses_scope_is_refused(stack: Stack) -> Non
         resp = await http.get("/v1/responses/resp_abc")
         assert resp.status_code == 403
     assert stack.forwarded() == 0
+
+
+async def test_a_follow_up_whose_backend_is_down_names_that_backend(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="hi")
+    index = next(i for i, b in enumerate(stack.backends) if first.id in b.api.stored)
+    stack.backends[index].healthy = False
+    backend = stack.state.runtime.pools["interactive"].backends[index]
+    async with asyncio.timeout(5):
+        while backend.health is not Health.DOWN:
+            await asyncio.sleep(0.02)
+    async with client(stack.url) as http:
+        fresh = await http.post("/v1/responses", json={"model": MODEL, "input": "x"})
+        assert fresh.status_code == 200  # the pool has a healthy backend
+        forwarded = stack.forwarded()
+        follow = {"model": MODEL, "input": "x", "previous_response_id": first.id}
+        for resp in (
+            await http.post("/v1/responses", json=follow),
+            await http.get(f"/v1/responses/{first.id}"),
+        ):
+            assert resp.status_code == 503, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "response_backend_unavailable"
+            assert (
+                f"pool 'interactive' backend {index}, which holds this response, is unhealthy"
+                in error["message"]
+            )
+            assert int(resp.headers["retry-after"]) >= 1
+        assert stack.forwarded() == forwarded
