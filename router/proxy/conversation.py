@@ -196,8 +196,15 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
             "'request_id' of a response must be 'resp_' and up to 128 letters, digits, '_' or '-'",
             code="invalid_request_id",
         )
-    claim = Claim(value, Holder(key.name, lane.pool.name, "", lane.cls, 0))
     ids = runtime.responses
+    if ids.shared is None and not runtime.counting.share.alone:
+        # Each process knows only its own ids: another could hold this one for another key.
+        raise BadRequest(
+            "'request_id' cannot name a response here: several router processes serve this profile "
+            "without shared state (state:) to check it against",
+            code="request_id_unsupported",
+        )
+    claim = Claim(value, Holder(key.name, lane.pool.name, "", lane.cls, 0))
     try:
         taken = not await ids.claim(value, claim.holder)
     except SharedStateDown:

@@ -312,3 +312,15 @@ async def test_a_follow_up_whose_backend_is_down_names_that_backend(stack: Stack
             )
             assert int(resp.headers["retry-after"]) >= 1
         assert stack.forwarded() == forwarded
+
+
+async def test_a_named_response_id_needs_shared_state_when_several_routers_serve() -> None:
+    """Without `state:` each router process knows only its own ids, so none can tell whether
+    another holds a named one for another key."""
+    async with api_stack(replicas=2) as stack, client(stack.url, "namer") as namer:
+        named = await namer.post(
+            "/v1/responses", json={"model": MODEL, "input": "x", "request_id": "resp_n1"}
+        )
+        assert (named.status_code, named.json()["error"]["code"]) == (400, "request_id_unsupported")
+        assert stack.forwarded() == 0
+        assert (await namer.post("/v1/responses", json={"model": MODEL, "input": "x"})).status_code == 200
