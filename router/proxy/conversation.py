@@ -1,14 +1,15 @@
 """Responses-API conversations on the backend that holds them (router.responseids).
 
 A request with `previous_response_id` continues a conversation vLLM keeps in one server's
-memory: it goes to that backend only (its ticket is pinned), through a lane whose pool holds
-it, and its prompt bound includes the stored conversation's tokens — what the backend reported
-for the previous turn (its usage's input plus output tokens), or, when it reported none, that
-turn's prompt and output bounds. An id this key did not create, one the router no longer
-remembers, or one whose backend left its pool is answered with the same 404, so no key learns
-anything about another's responses. A relayed response's id is read from its first bytes (the
-JSON body's `id`, or the `response.created` event's) and bound the moment it passes, so a cancel
-can reach a response still streaming; a binding never moves an id from its first owner.
+memory: it goes to that backend only (its ticket is pinned), through a lane whose pool holds it,
+and its prompt bound includes the stored conversation's tokens — what the backend reported for
+the previous turn (its usage's input plus output tokens, and the template's tokens around that
+output), or, when it reported none, that turn's prompt and output bounds. An id this key did not
+create, one the router no longer remembers, or one whose backend left its pool is answered with
+the same 404, so no key learns anything about another's responses. A relayed response's id is
+read from its first bytes (the JSON body's `id`, or the `response.created` event's) and bound
+the moment it passes, so a cancel can reach a response still streaming; a binding never moves an
+id from its first owner.
 
 vLLM names a response after the body's `request_id` when there is one (never after the
 `X-Request-Id` header, which the router sends as `<key>:<id>` anyway): such a request claims its
@@ -32,9 +33,10 @@ from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange
 from router.proxy.relay import relay
 from router.ratelimit import usage_at
-from router.responseids import Holder, ResponseIds
+from router.responseids import Holder
 from router.runtime import Lane, Runtime
 from router.sharedstate import SharedStateDown
+from router.tokens import NO_MEDIA
 
 # A response's id is its first `"id"` (the body's own, or the response.created event's, whose
 # response object begins with it); past this many bytes without one, nothing is remembered.
@@ -103,12 +105,21 @@ class Turn:
     the response has ended, its binding told the conversation's tokens as the backend counted
     them. A claim no response was bound to is given back."""
 
-    __slots__ = ("_bound", "_claim", "_ex", "_head", "_key", "_lane", "_responses", "_tokens")
+    __slots__ = ("_bound", "_claim", "_ex", "_head", "_key", "_lane", "_reply", "_responses", "_tokens")
 
     def __init__(
-        self, responses: ResponseIds, key: ApiKey, lane: Lane, tokens: int, claim: Claim | None, ex: Exchange
+        self,
+        runtime: Runtime,
+        key: ApiKey,
+        lane: Lane,
+        tokens: int,
+        claim: Claim | None,
+        ex: Exchange,
     ) -> None:
-        self._responses = responses
+        self._responses = runtime.responses
+        # What the template adds around this turn's output when a follow-up renders it again as
+        # an assistant message: the backend's usage does not count it.
+        self._reply = runtime.counter.message("assistant", "", "", NO_MEDIA)
         self._key = key
         self._lane = lane
         self._tokens = tokens  # the turn's prompt and output bounds: the conversation's until usage is known
@@ -155,7 +166,7 @@ class Turn:
         if used is None:
             return
         response_id, holder = bound
-        counted = replace(holder, tokens=used)
+        counted = replace(holder, tokens=used + self._reply)
         self._responses.bind(response_id, counted, (holder, *self._replaces(response_id)))
 
 
@@ -234,7 +245,7 @@ async def relay_turn(
     """Relay a Responses request (router/proxy/relay.py) with its response id claimed, bound and
     told its usage; `tokens` is the turn's prompt and output bound."""
     claim = await claim_stated(runtime, key, facts, ex.lane)
-    turn = Turn(runtime.responses, key, ex.lane, tokens, claim, ex)
+    turn = Turn(runtime, key, ex.lane, tokens, claim, ex)
     ex.on_chunk = turn
     if ex.usage_tail is None:
         ex.usage_tail = UsageTail()

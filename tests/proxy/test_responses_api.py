@@ -15,6 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.backendhealth import Health
+from router.tokens import NO_MEDIA
 from tests.conftest import Stack
 from tests.fakebackend import Seen
 from tests.proxy.apistack import api_profile, api_stack, bearer, client, sdk, write_profile
@@ -83,15 +84,17 @@ async def test_a_follow_up_counts_the_conversation_as_the_backend_reported_it(st
         body["previous_response_id"] = events[-1]["response"]["id"]
         third = await http.post("/v1/responses", json=body)
     own = int(alone.headers["x-lane-router-prompt-tokens"])
+    # The template's tokens around the previous output, rendered again as an assistant message.
+    reply = stack.state.runtime.counter.message("assistant", "", "", NO_MEDIA)
     # The previous turn's usage (the conversation's input tokens and its output), not the bounds
     # its request was given: its prompt bound and 50 output tokens.
     used = first.json()["usage"]["input_tokens"] + first.json()["usage"]["output_tokens"]
-    assert used < int(first.headers["x-lane-router-prompt-tokens"]) + 50
-    assert int(follow.headers["x-lane-router-prompt-tokens"]) == used + own
+    assert used + reply < int(first.headers["x-lane-router-prompt-tokens"]) + 50
+    assert int(follow.headers["x-lane-router-prompt-tokens"]) == used + reply + own
     usage = events[-1]["response"]["usage"]  # a streamed turn's, from its response.completed event
     assert (
         int(third.headers["x-lane-router-prompt-tokens"])
-        == usage["input_tokens"] + usage["output_tokens"] + own
+        == usage["input_tokens"] + usage["output_tokens"] + reply + own
     )
 
 
