@@ -294,7 +294,7 @@ async def test_a_follow_up_whose_backend_is_down_names_that_backend(stack: Stack
     index = next(i for i, b in enumerate(stack.backends) if first.id in b.api.stored)
     stack.backends[index].healthy = False
     backend = stack.state.runtime.pools["interactive"].backends[index]
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(10):
         while backend.health is not Health.DOWN:
             await asyncio.sleep(0.02)
     async with client(stack.url) as http:
