@@ -112,9 +112,12 @@ class ResponseIds:
         say."""
         self._expire(self._clock())
         known = response_id in self._ids
-        if self.shared is not None:
-            claimed = await self._claim(self.shared, response_id, holder, known)
-            # Another request of this process may have taken it while Redis answered.
+        shared = self.shared
+        if shared is not None:
+            claimed = await self._claim(shared, response_id, holder, known)
+            if claimed and response_id in self._ids:
+                # Bound here while Redis answered: Redis's claim is not to stay.
+                self._publish(shared, response_id, b"", (holder,))
             known = known or not claimed or response_id in self._ids
         if known:
             return False
