@@ -11,6 +11,7 @@ nowhere else (`envelope()` and `RouterError.status`).
     │   ├── Forbidden             403     key lacks the scope, class or model
     │   ├── NotFound              404     unknown route or model
     │   ├── MethodNotAllowed      405     known route, wrong method
+    │   ├── Conflict              409     a response id the request names is in use
     │   ├── PayloadTooLarge       413     body above max_body_bytes
     │   └── RateLimited           429     per-key requests/tokens/concurrency limit
     ├── Unavailable               503     no healthy backend, lane queue full or deadline passed
@@ -97,6 +98,11 @@ class NotFound(ClientError):
 class MethodNotAllowed(ClientError):
     status = 405
     code = "method_not_allowed"
+
+
+class Conflict(ClientError):
+    status = 409
+    code = "conflict"
 
 
 class PayloadTooLarge(ClientError):

@@ -197,9 +197,7 @@ class PoolGate:
         if limits.refuses(ticket.long) or lane_limit == 0:
             raise _refused(ticket, self.whole, limits, lane_limit)
         if not routable_for(self._pool, ticket):
-            raise Unavailable(
-                f"no healthy backend in pool {lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
-            )
+            raise _no_backend(ticket, self._pool)
         cfg = lane.config
         if lane.waiting >= cfg.queue_limit:
             raise Unavailable(
@@ -309,6 +307,29 @@ def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:
     found = routable(pool.backends, ticket.tried)
     pin = ticket.pin
     return found if pin is None else [b for b in found if b is pin]
+
+
+def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
+    """What a request that no backend can take now is told: for one pinned to the backend that
+    holds its stored response, that backend's state, not the pool's."""
+    pin = ticket.pin
+    if pin is None:
+        return Unavailable(
+            f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
+        )
+    state = (
+        "unhealthy"
+        if pin.health is _DOWN
+        else "leaving the pool"
+        if pin not in pool.backends
+        else "unreachable"
+    )
+    return Unavailable(
+        f"{pin.label}, which holds this response, is {state}: it is the only backend that can "
+        "serve it; retry later, or start a new conversation",
+        code="response_backend_unavailable",
+        retry_after=_NO_BACKEND_RETRY_AFTER_S,
+    )
 
 
 def charge(ticket: Ticket, backend: Backend) -> None:

@@ -1,6 +1,7 @@
 """The replicas' shared state: one Redis connection pool per profile's `state:` section, every
 operation on it bounded in time, and what happens when Redis cannot answer. Rate limits and the
-slow-client memory (router/redisstores.py) and admission's counts (router/slots/) live there.
+slow-client memory (router/redisstores.py), admission's counts (router/slots/) and the
+Responses API's ids (router/responseids.py) live there.
 
 An operation that fails (refused connection, timeout, error reply) raises `SharedStateDown` to
 its store, which applies its policy (`router.redisstores`); it is counted in

@@ -42,6 +42,7 @@ class FakeApi:
     stored: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # id → (turns, response)
     uploads: list[Upload] = field(default_factory=list)
     sent: list[bytes] = field(default_factory=list)  # every body chunk of the last streamed answer
+    report_usage: bool = True  # False: responses carry `"usage": null`
     _next: int = 0
 
     @staticmethod
@@ -60,18 +61,22 @@ class FakeApi:
             await respond(send, 200, orjson.dumps(_pooling(path, orjson.loads(body))))
 
     async def _responses(self, request: dict[str, Any], watcher: asyncio.Future[None], send: Send) -> None:
-        turns = 1
+        turns, history = 1, 0
         previous = request.get("previous_response_id")
         if previous is not None:
             if previous not in self.stored:
                 await respond(send, 404, _not_found(previous))
                 return
             turns = self.stored[previous][0] + 1
+            history = self.stored[previous][1]["usage"]["total_tokens"]
         self._next += 1
-        rid = f"resp_{self.tag}{self._next:06x}"
+        # As vLLM: the body's request_id names the response (a stored one of that id is replaced).
+        rid = request.get("request_id") or f"resp_{self.tag}{self._next:06x}"
         text = f"turn {turns} on {self.tag}"
-        response = _response(rid, request, text, previous)
+        response = _response(rid, request, text, previous, history)
         self.stored[rid] = (turns, response)
+        if not self.report_usage:
+            response = {**response, "usage": None}
         if not request.get("stream"):
             await respond(send, 200, orjson.dumps(response))
             return
@@ -135,8 +140,13 @@ class FakeApi:
         await respond(send, 200, orjson.dumps(answer))
 
 
-def _response(rid: str, request: dict[str, Any], text: str, previous: str | None) -> dict[str, Any]:
+def _response(
+    rid: str, request: dict[str, Any], text: str, previous: str | None, history: int
+) -> dict[str, Any]:
+    """vLLM's response object; its input tokens count the conversation it continues, as vLLM
+    renders the whole conversation again."""
     words = len(text.split())
+    prompt = history + 4
     return {
         "id": rid,
         "object": "response",
@@ -158,9 +168,9 @@ def _response(rid: str, request: dict[str, Any], text: str, previous: str | None
         "tool_choice": "auto",
         "tools": [],
         "usage": {
-            "input_tokens": 4,
+            "input_tokens": prompt,
             "output_tokens": words,
-            "total_tokens": 4 + words,
+            "total_tokens": prompt + words,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0},
         },

@@ -1,8 +1,10 @@
-"""The memory of which backend holds each response id: its TTL and size cap, and its Redis copy
-shared by replicas."""
+"""The memory of which backend holds each response id: its TTL and size cap, its Redis copy
+shared by replicas, and ids bound to their first owner (claims, bindings that replace only what
+they name)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,11 +30,11 @@ class Clock:
 async def test_an_id_is_forgotten_after_its_ttl() -> None:
     clock = Clock()
     ids = ResponseIds(ResponseIdsConfig(ttl_s=10, max_entries=16), clock=clock)
-    ids.remember("resp_a", HOLDER)
+    ids.bind("resp_a", HOLDER)
     clock.now = 9.9
-    assert await ids.recall("resp_a") == HOLDER
+    assert await ids.recall("resp_a", "web") == HOLDER
     clock.now = 10.0
-    assert await ids.recall("resp_a") is None
+    assert await ids.recall("resp_a", "web") is None
     assert len(ids) == 0
 
 
@@ -41,10 +43,34 @@ async def test_the_oldest_ids_go_first_past_the_cap() -> None:
     ids = ResponseIds(ResponseIdsConfig(ttl_s=100, max_entries=16), clock=clock)
     for i in range(20):
         clock.now = i
-        ids.remember(f"resp_{i}", HOLDER)
+        ids.bind(f"resp_{i}", HOLDER)
     assert len(ids) == 16
-    assert await ids.recall("resp_3") is None
-    assert await ids.recall("resp_4") == HOLDER
+    assert await ids.recall("resp_3", "web") is None
+    assert await ids.recall("resp_4", "web") == HOLDER
+
+
+async def test_an_id_stays_with_its_first_owner() -> None:
+    ids = ResponseIds(ResponseIdsConfig())
+    claim = Holder("web", "interactive", "", RequestClass.CHAT, 0)
+    assert claim.pending and not HOLDER.pending
+    theirs = Holder("other", "interactive", "http://10.0.0.2:8000", RequestClass.CHAT, 5)
+    assert ids.bind("resp_a", HOLDER)
+    assert not ids.bind("resp_a", theirs)  # taken: not rebound
+    assert not ids.bind("resp_a", theirs, (claim,))  # it replaces only what it names
+    assert not await ids.claim("resp_a", claim)  # known: not claimed, for its owner either
+    assert await ids.recall("resp_a", "other") is None
+    counted = Holder("web", "interactive", "http://10.0.0.1:8000", RequestClass.CHAT, 12)
+    assert ids.bind("resp_a", counted, (HOLDER,))
+    assert await ids.recall("resp_a", "web") == counted
+    # A claim, then its binding; a claim nothing was bound to is given back.
+    assert await ids.claim("resp_b", claim)
+    assert not ids.bind("resp_b", theirs)
+    assert ids.bind("resp_b", HOLDER, (claim,))
+    assert await ids.claim("resp_c", claim)
+    ids.release("resp_c", claim)
+    ids.release("resp_b", claim)  # bound since: not a claim any more, kept
+    assert await ids.recall("resp_c", "web") is None
+    assert await ids.recall("resp_b", "web") == HOLDER
 
 
 def test_a_holder_survives_its_encoding_and_garbage_is_no_holder() -> None:
@@ -66,15 +92,46 @@ async def test_replicas_share_ids_through_redis_and_a_dead_redis_is_a_counted_mi
     states = [SharedState(StateConfig(redis_url=redis.url, timeout_s=2.0), redis.url, m) for m in metrics]
     try:
         a, b = (ResponseIds(ResponseIdsConfig(ttl_s=60), s) for s in states)
-        a.remember("resp_shared", HOLDER)
+        a.bind("resp_shared", HOLDER)
         await states[0].release()  # waits for the background write
         states = states[1:]
-        assert await b.recall("resp_shared") == HOLDER
+        assert await b.recall("resp_shared", "web") == HOLDER
+        assert await b.recall("resp_shared", "other") is None
         assert 0 < await redis.client().pttl("lane-router:resp:resp_shared") <= 60_000
         await redis.stop()
-        assert await b.recall("resp_other") is None
+        assert await b.recall("resp_other", "web") is None
         labels = {"op": "response_lookup", "reason": "connection"}
         assert metrics[1].registry.get_sample_value("lane_router_shared_state_errors_total", labels) == 1.0
+    finally:
+        for state in states:
+            await state.release()
+
+
+async def test_a_claim_is_one_replicas_and_a_binding_never_takes_another_replicas_id(
+    redis: RedisServer,
+) -> None:
+    states = [
+        SharedState(StateConfig(redis_url=redis.url, timeout_s=2.0), redis.url, Metrics()) for _ in "ab"
+    ]
+    try:
+        a, b = (ResponseIds(ResponseIdsConfig(ttl_s=60), s) for s in states)
+        mine = Holder("web", "interactive", "", RequestClass.CHAT, 0)
+        theirs = Holder("other", "interactive", "", RequestClass.CHAT, 0)
+        won = await asyncio.gather(a.claim("resp_x", mine), b.claim("resp_x", theirs))
+        assert sorted(won) == [False, True]
+        winner, loser = (a, b) if won[0] else (b, a)
+        (owner, other) = (mine, theirs) if won[0] else (theirs, mine)
+        bound = Holder(owner.key, "interactive", "http://10.0.0.1:8000", RequestClass.CHAT, 9)
+        assert winner.bind("resp_x", bound, (owner,))
+        # The loser knows nothing of it in memory: its binding goes to Redis, which refuses it.
+        assert loser.bind(
+            "resp_x", Holder(other.key, "interactive", "http://10.0.0.2:8000", RequestClass.CHAT, 1)
+        )
+        for state in states:
+            await state.release()  # waits for the background writes
+        states = []
+        raw = await redis.client().get("lane-router:resp:resp_x")
+        assert raw is not None and Holder.decode(raw) == bound
     finally:
         for state in states:
             await state.release()

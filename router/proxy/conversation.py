@@ -1,32 +1,47 @@
 """Responses-API conversations on the backend that holds them (router.responseids).
 
 A request with `previous_response_id` continues a conversation vLLM keeps in one server's
-memory: it goes to that backend only (its ticket is pinned), through a lane whose pool holds
-it, and its prompt bound includes the stored conversation's. An id this key did not create,
-one the router no longer remembers, or one whose backend left its pool is answered with the
-same 404, so no key learns anything about another's responses. A relayed response's id is
-read from its first bytes (the JSON body's `id`, or the `response.created` event's) and
-remembered the moment it passes, so a cancel can reach a response still streaming."""
+memory: it goes to that backend only (its ticket is pinned), through a lane whose pool holds it,
+and its prompt bound includes the stored conversation's tokens — what the backend reported for
+the previous turn (its usage's input plus output tokens, and the template's tokens around that
+output), or, when it reported none, that turn's prompt and output bounds. An id this key did not
+create, one the router no longer remembers, or one whose backend left its pool is answered with
+the same 404, so no key learns anything about another's responses. A relayed response's id is
+read from its first bytes (the JSON body's `id`, or the `response.created` event's) and bound
+the moment it passes, so a cancel can reach a response still streaming; a binding never moves an
+id from its first owner.
+
+vLLM names a response after the body's `request_id` when there is one (never after the
+`X-Request-Id` header, which the router sends as `<key>:<id>` anyway): such a request claims its
+id before anything goes out, and an id the router knows is refused with 409."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Final
 
 from router.apiroutes import RESPONSE_ID
+from router.asgi import Receive, Send
 from router.auth import ApiKey
 from router.backends import Backend
 from router.classify import Classification, Reason
-from router.errors import BadRequest, NotFound
+from router.errors import BadRequest, Conflict, NotFound, Unavailable
 from router.facts import RequestFacts
+from router.metrics import RouteMetrics
+from router.proxy.chunklog import UsageTail
+from router.proxy.forward import Exchange
+from router.proxy.relay import relay
+from router.ratelimit import usage_at
 from router.responseids import Holder
 from router.runtime import Lane, Runtime
+from router.sharedstate import SharedStateDown
+from router.tokens import NO_MEDIA
 
 # A response's id is its first `"id"` (the body's own, or the response.created event's, whose
 # response object begins with it); past this many bytes without one, nothing is remembered.
-HEAD_LIMIT = 64 * 1024
-_FIRST_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,128})"')
+HEAD_LIMIT: Final = 64 * 1024
+_FIRST_ID: Final = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,128})"')
 
 
 def not_found(response_id: str) -> NotFound:
@@ -44,8 +59,8 @@ class Stored:
 
 async def find(runtime: Runtime, key: ApiKey, response_id: str) -> Stored:
     """The stored response `response_id` of this key, or the 404 every other case gets."""
-    holder = await runtime.responses.recall(response_id)
-    if holder is None or holder.key != key.name:
+    holder = await runtime.responses.recall(response_id, key.name)
+    if holder is None or holder.pending:
         raise not_found(response_id)
     pool = runtime.pools.get(holder.pool)
     backend = next((b for b in pool.members if b.name == holder.backend), None) if pool else None
@@ -83,14 +98,35 @@ def follow_lane(decision: Classification, lane: Lane, stored: Stored) -> tuple[C
     return Classification(stored.lane.cls, Reason.CONVERSATION), stored.lane
 
 
-class IdCapture:
-    """Reads a response's id from its first bytes and hands it over once."""
+class Turn:
+    """One Responses request's response id: claimed before the request goes out when the client
+    names it (`request_id`), read from the response's first bytes and bound to the backend that
+    answered the moment it passes (so a cancel can reach a response still streaming), and, when
+    the response has ended, its binding told the conversation's tokens as the backend counted
+    them. A claim no response was bound to is given back."""
 
-    __slots__ = ("_head", "_on_id")
+    __slots__ = ("_bound", "_claim", "_ex", "_head", "_key", "_lane", "_reply", "_responses", "_tokens")
 
-    def __init__(self, on_id: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        key: ApiKey,
+        lane: Lane,
+        tokens: int,
+        claim: Claim | None,
+        ex: Exchange,
+    ) -> None:
+        self._responses = runtime.responses
+        # What the template adds around this turn's output when a follow-up renders it again as
+        # an assistant message: the backend's usage does not count it.
+        self._reply = runtime.counter.message("assistant", "", "", NO_MEDIA)
+        self._key = key
+        self._lane = lane
+        self._tokens = tokens  # the turn's prompt and output bounds: the conversation's until usage is known
+        self._claim = claim
+        self._ex = ex
         self._head: bytearray | None = bytearray()
-        self._on_id = on_id
+        self._bound: tuple[str, Holder] | None = None
 
     def __call__(self, chunk: bytes) -> None:
         head = self._head
@@ -104,22 +140,116 @@ class IdCapture:
         elif len(head) > HEAD_LIMIT:
             self._head = None
 
+    def _replaces(self, response_id: str) -> tuple[Holder, ...]:
+        claim = self._claim
+        return (claim.holder,) if claim is not None and claim.response_id == response_id else ()
 
-def capture(
-    runtime: Runtime,
-    key: ApiKey,
-    lane: Lane,
-    tokens: int,
-    backend: Callable[[], Backend | None],
-    status: Callable[[], int],
-) -> IdCapture:
-    """A capture that remembers the id of a successful response under this key, on the backend
-    that answered, with `tokens` as the conversation's bound."""
-
-    def on_id(response_id: str) -> None:
-        served = backend()
-        if status() != 200 or served is None:
+    def _on_id(self, response_id: str) -> None:
+        ex = self._ex
+        served = ex.ticket.backend
+        if ex.status != 200 or served is None:
             return
-        runtime.responses.remember(response_id, Holder(key.name, served.pool, served.name, lane.cls, tokens))
+        holder = Holder(self._key.name, served.pool, served.name, self._lane.cls, self._tokens)
+        if self._responses.bind(response_id, holder, self._replaces(response_id)):
+            self._bound = response_id, holder
 
-    return IdCapture(on_id)
+    def ended(self, tail: bytes | None) -> None:
+        """The exchange is over: the binding learns the conversation's tokens from the response's
+        usage (kept at the turn's bounds when the response reported none); an unused claim is
+        released."""
+        bound, claim = self._bound, self._claim
+        if claim is not None and (bound is None or bound[0] != claim.response_id):
+            self._responses.release(claim.response_id, claim.holder)
+        if bound is None:
+            return
+        used = conversation_tokens(tail) if tail else None
+        if used is None:
+            return
+        response_id, holder = bound
+        counted = replace(holder, tokens=used + self._reply)
+        self._responses.bind(response_id, counted, (holder, *self._replaces(response_id)))
+
+
+_USAGE_COUNTS: Final = re.compile(rb'"(input_tokens|output_tokens)"\s*:\s*(\d{1,12})')
+
+
+def conversation_tokens(tail: bytes) -> int | None:
+    """The tokens of the conversation through this response, as the backend counted them: its
+    last usage report's input tokens (the whole conversation vLLM rendered) plus its output
+    tokens; None without one."""
+    at = usage_at(tail)
+    if at < 0:
+        return None
+    counts: dict[bytes, int] = {}
+    for found in _USAGE_COUNTS.finditer(tail, at):
+        counts.setdefault(found[1], int(found[2]))
+    if len(counts) < 2:
+        return None
+    return counts[b"input_tokens"] + counts[b"output_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A response id the client named (`request_id`), taken for it before the request went out."""
+
+    response_id: str
+    holder: Holder
+
+
+async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane: Lane) -> Claim | None:
+    """The id this request names for its response, claimed for its key; refused when the router
+    knows it (another key's, or this key's own: vLLM would replace the response it names)."""
+    value = facts.body.get("request_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not RESPONSE_ID.fullmatch(value.encode()):
+        raise BadRequest(
+            "'request_id' of a response must be 'resp_' and up to 128 letters, digits, '_' or '-'",
+            code="invalid_request_id",
+        )
+    ids = runtime.responses
+    if ids.shared is None and not runtime.counting.share.alone:
+        # Each process knows only its own ids: another could hold this one for another key.
+        raise BadRequest(
+            "'request_id' cannot name a response here: several router processes serve this profile "
+            "without shared state (state:) to check it against",
+            code="request_id_unsupported",
+        )
+    claim = Claim(value, Holder(key.name, lane.pool.name, "", lane.cls, 0))
+    try:
+        taken = not await ids.claim(value, claim.holder)
+    except SharedStateDown:
+        # Unchecked, the id could be another replica's: refused, as the rate limits' `closed`.
+        recheck = ids.shared.config.recheck_s if ids.shared is not None else 0.0
+        raise Unavailable(
+            "response ids cannot be checked: the shared state is unavailable",
+            code="response_ids_unavailable",
+            retry_after=max(1.0, recheck),
+        ) from None
+    if taken:
+        raise Conflict(f"response id {value!r} is already in use", code="response_id_in_use")
+    return claim
+
+
+async def relay_turn(
+    runtime: Runtime,
+    ex: Exchange,
+    rm: RouteMetrics,
+    key: ApiKey,
+    cost: int,
+    facts: RequestFacts,
+    tokens: int,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Relay a Responses request (router/proxy/relay.py) with its response id claimed, bound and
+    told its usage; `tokens` is the turn's prompt and output bound."""
+    claim = await claim_stated(runtime, key, facts, ex.lane)
+    turn = Turn(runtime, key, ex.lane, tokens, claim, ex)
+    ex.on_chunk = turn
+    if ex.usage_tail is None:
+        ex.usage_tail = UsageTail()
+    try:
+        await relay(runtime, ex, rm, key, cost, receive, send)
+    finally:
+        turn.ended(ex.record.usage_tail)

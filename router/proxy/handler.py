@@ -197,13 +197,12 @@ async def _handle(
     )
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
+    cost = estimate_tokens(facts.prompt_tokens, bound, facts.sequences)
     if api.endpoint == "responses":
-        ex.on_chunk = conversation.capture(
-            runtime, key, lane, facts.prompt_tokens + (bound or 0), lambda: ticket.backend, lambda: ex.status
-        )
-    await relay(
-        runtime, ex, rm, key, estimate_tokens(facts.prompt_tokens, bound, facts.sequences), receive, send
-    )
+        tokens = facts.prompt_tokens + (bound or 0)
+        await conversation.relay_turn(runtime, ex, rm, key, cost, facts, tokens, receive, send)
+        return
+    await relay(runtime, ex, rm, key, cost, receive, send)
 
 
 def choose_lane(

@@ -1,5 +1,6 @@
 """A router in front of fake backends that serve vLLM's other client routes, with keys whose
-`routes:` open them: `api` (every route family), `reader` (responses only, for cross-key checks).
+`routes:` open them: `api` (every route family), `reader` (responses only, for cross-key checks),
+`namer` (responses, and allowed vLLM's `request_id`, which names a response).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.fakebackend import FakeBackend
 from tests.profiles import KEYS, profile
 from tests.servers import ServerGroup, server_group
 
-API_KEYS = {"api": "api-key-0123456789", "reader": "reader-key-0123456789"}
+API_KEYS = {"api": "api-key-0123456789", "reader": "reader-key-0123456789", "namer": "namer-key-0123456789"}
 ALL_ROUTES = ["chat", "completions", "embeddings", "responses", "rerank", "score", "tokenize", "audio"]
 
 
@@ -33,6 +34,12 @@ def api_profile(urls: list[str], **top: Any) -> dict[str, Any]:
         *data["keys"],
         {"name": "api", "sha256": hash_key(API_KEYS["api"]), "routes": ALL_ROUTES},
         {"name": "reader", "sha256": hash_key(API_KEYS["reader"]), "routes": ["responses"]},
+        {
+            "name": "namer",
+            "sha256": hash_key(API_KEYS["namer"]),
+            "routes": ["responses"],
+            "request_fields": {"allow": ["request_id"]},
+        },
     ]
     return data
 

@@ -5,6 +5,7 @@ aborts the backend's request."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from router.backendhealth import Health
+from router.tokens import NO_MEDIA
 from tests.conftest import Stack
 from tests.fakebackend import Seen
 from tests.proxy.apistack import api_profile, api_stack, bearer, client, sdk, write_profile
@@ -65,7 +68,39 @@ async def test_the_router_writes_the_output_bound_into_max_output_tokens(stack: 
         assert orjson.loads(_last(stack).body)["max_output_tokens"] == 7
 
 
-async def test_a_follow_up_counts_the_stored_conversation_in_its_prompt_bound(stack: Stack) -> None:
+async def test_a_follow_up_counts_the_conversation_as_the_backend_reported_it(stack: Stack) -> None:
+    async with client(stack.url) as http:
+        first = await http.post(
+            "/v1/responses", json={"model": MODEL, "input": "x" * 100, "max_output_tokens": 50}
+        )
+        alone = await http.post("/v1/responses", json={"model": MODEL, "input": "y" * 10})
+        body = {"model": MODEL, "input": "y" * 10, "previous_response_id": first.json()["id"]}
+        follow = await http.post("/v1/responses", json=body)
+        streamed = {**body, "stream": True}
+        async with http.stream("POST", "/v1/responses", json=streamed) as resp:
+            events = [
+                orjson.loads(line[6:]) async for line in resp.aiter_lines() if line.startswith("data: ")
+            ]
+        body["previous_response_id"] = events[-1]["response"]["id"]
+        third = await http.post("/v1/responses", json=body)
+    own = int(alone.headers["x-lane-router-prompt-tokens"])
+    # The template's tokens around the previous output, rendered again as an assistant message.
+    reply = stack.state.runtime.counter.message("assistant", "", "", NO_MEDIA)
+    # The previous turn's usage (the conversation's input tokens and its output), not the bounds
+    # its request was given: its prompt bound and 50 output tokens.
+    used = first.json()["usage"]["input_tokens"] + first.json()["usage"]["output_tokens"]
+    assert used + reply < int(first.headers["x-lane-router-prompt-tokens"]) + 50
+    assert int(follow.headers["x-lane-router-prompt-tokens"]) == used + reply + own
+    usage = events[-1]["response"]["usage"]  # a streamed turn's, from its response.completed event
+    assert (
+        int(third.headers["x-lane-router-prompt-tokens"])
+        == usage["input_tokens"] + usage["output_tokens"] + reply + own
+    )
+
+
+async def test_without_a_usage_report_a_follow_up_counts_the_turns_bounds(stack: Stack) -> None:
+    for backend in stack.backends:
+        backend.api.report_usage = False
     async with client(stack.url) as http:
         first = await http.post(
             "/v1/responses", json={"model": MODEL, "input": "x" * 100, "max_output_tokens": 50}
@@ -76,6 +111,23 @@ async def test_a_follow_up_counts_the_stored_conversation_in_its_prompt_bound(st
     before = int(first.headers["x-lane-router-prompt-tokens"])
     own = int(alone.headers["x-lane-router-prompt-tokens"])
     assert int(follow.headers["x-lane-router-prompt-tokens"]) == before + 50 + own
+
+
+async def test_an_sdk_conversation_goes_on_without_max_output_tokens(tmp_path: Path) -> None:
+    """The SDK states no output bound: the first turn gets the whole context as its written bound,
+    which a follow-up's prompt bound must not inherit, or every follow-up outgrows the lane."""
+    base = api_profile([])
+    lanes = {**base["lanes"], "chat": {"pool": "interactive", "max_prompt_tokens": 1500}}
+    # Prompts up to the whole context stay chat: the lane's shape is what refuses them.
+    classify = {**base["classify"], "long_context_tokens": 4000}
+    async with api_stack(lanes=lanes, classify=classify) as stack, sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="hello")
+        where = _text(first).split(" on ")[1]
+        second = await api.responses.create(model=MODEL, input="and then?", previous_response_id=first.id)
+        third = await api.responses.create(model=MODEL, input="and then?", previous_response_id=second.id)
+        assert _text(third) == f"turn 3 on {where}"
+        assert first.max_output_tokens == 2048  # the router's written bound: the pool's context
+    assert [s.path for s in stack.seen()] == ["/v1/responses"] * 3
 
 
 async def test_streamed_events_arrive_as_sent_and_the_id_is_remembered(stack: Stack) -> None:
@@ -188,3 +240,90 @@ async def test_a_key_without_the_responses_scope_is_refused(stack: Stack) -> Non
         resp = await http.get("/v1/responses/resp_abc")
         assert resp.status_code == 403
     assert stack.forwarded() == 0
+
+
+async def test_a_named_response_id_another_key_holds_is_refused_before_the_backend(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="mine")
+    where = _text(first)
+    forwarded = stack.forwarded()
+    async with client(stack.url) as owner, client(stack.url, "namer") as namer:
+        for stream in (False, True):
+            body = {"model": MODEL, "input": "x", "request_id": first.id, "stream": stream}
+            resp = await namer.post("/v1/responses", json=body)
+            assert resp.status_code == 409, resp.text
+            assert resp.json()["error"]["code"] == "response_id_in_use"
+        assert stack.forwarded() == forwarded
+        got = await owner.get(f"/v1/responses/{first.id}")
+        assert got.status_code == 200 and got.json()["output"][0]["content"][0]["text"] == where
+        assert (await namer.get(f"/v1/responses/{first.id}")).status_code == 404
+        # The X-Request-Id header names no response: vLLM names it after the body's request_id only.
+        header = await namer.post(
+            "/v1/responses", json={"model": MODEL, "input": "x"}, headers={"x-request-id": first.id}
+        )
+        assert header.status_code == 200 and header.json()["id"] != first.id
+        assert (await owner.get(f"/v1/responses/{first.id}")).status_code == 200
+
+
+async def test_a_named_response_id_is_bound_once_and_given_back_when_nothing_used_it(stack: Stack) -> None:
+    async with client(stack.url, "namer") as namer, client(stack.url) as other:
+        for bad in ("mine", "resp_../x", 5):
+            resp = await namer.post("/v1/responses", json={"model": MODEL, "input": "x", "request_id": bad})
+            assert (resp.status_code, resp.json()["error"]["code"]) == (400, "invalid_request_id")
+        for backend in stack.backends:
+            backend.behaviour.status = 500
+        body = {"model": MODEL, "input": "x", "request_id": "resp_chosen1"}
+        assert (await namer.post("/v1/responses", json=body)).status_code == 500
+        for backend in stack.backends:
+            backend.behaviour.status = 200
+        # The failed request made no response: its claim was given back, the id is free again.
+        made = await namer.post("/v1/responses", json=body)
+        assert made.status_code == 200 and made.json()["id"] == "resp_chosen1"
+        follow = {"model": MODEL, "input": "y", "previous_response_id": "resp_chosen1"}
+        assert (await namer.post("/v1/responses", json=follow)).status_code == 200
+        # Now it is in use, for its owner too: vLLM would replace the response it names.
+        again = await namer.post("/v1/responses", json=body)
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "response_id_in_use")
+        assert (await other.get("/v1/responses/resp_chosen1")).status_code == 404
+        assert (await namer.get("/v1/responses/resp_chosen1")).status_code == 200
+
+
+async def test_a_follow_up_whose_backend_is_down_names_that_backend(stack: Stack) -> None:
+    async with sdk(stack.url) as api:
+        first = await api.responses.create(model=MODEL, input="hi")
+    index = next(i for i, b in enumerate(stack.backends) if first.id in b.api.stored)
+    stack.backends[index].healthy = False
+    backend = stack.state.runtime.pools["interactive"].backends[index]
+    async with asyncio.timeout(10):
+        while backend.health is not Health.DOWN:
+            await asyncio.sleep(0.02)
+    async with client(stack.url) as http:
+        fresh = await http.post("/v1/responses", json={"model": MODEL, "input": "x"})
+        assert fresh.status_code == 200  # the pool has a healthy backend
+        forwarded = stack.forwarded()
+        follow = {"model": MODEL, "input": "x", "previous_response_id": first.id}
+        for resp in (
+            await http.post("/v1/responses", json=follow),
+            await http.get(f"/v1/responses/{first.id}"),
+        ):
+            assert resp.status_code == 503, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "response_backend_unavailable"
+            assert (
+                f"pool 'interactive' backend {index}, which holds this response, is unhealthy"
+                in error["message"]
+            )
+            assert int(resp.headers["retry-after"]) >= 1
+        assert stack.forwarded() == forwarded
+
+
+async def test_a_named_response_id_needs_shared_state_when_several_routers_serve() -> None:
+    """Without `state:` each router process knows only its own ids, so none can tell whether
+    another holds a named one for another key."""
+    async with api_stack(replicas=2) as stack, client(stack.url, "namer") as namer:
+        named = await namer.post(
+            "/v1/responses", json={"model": MODEL, "input": "x", "request_id": "resp_n1"}
+        )
+        assert (named.status_code, named.json()["error"]["code"]) == (400, "request_id_unsupported")
+        assert stack.forwarded() == 0
+        assert (await namer.post("/v1/responses", json={"model": MODEL, "input": "x"})).status_code == 200
