@@ -23,6 +23,7 @@ from router.audiofacts import parse_audio_facts
 from router.errors import BadRequest
 from router.multipart import MAX_PARTS, boundary_of, parse_form, with_field
 from router.tokens import PromptCosts, PromptCounter, Utf8ByteCounter
+from tests.proxy.apistack import api_stack, client
 
 # name -> its values in order; a file as (filename, size)
 Reading = dict[str, list[str | tuple[str, int]]]
@@ -414,6 +415,24 @@ def test_the_finding_is_refused_where_the_router_read_another_field_before() -> 
         "file": [("a.wav", 4)],
     }
     assert _router(_CT, body) is None
+
+
+async def test_through_the_router_the_finding_never_reaches_vllm() -> None:
+    model = _raw_part(b'Content-Disposition: form-data; name="model"', b"fake-model")
+    visible = _raw_part(b'Content-Disposition: form-data; name="max_completion_tokens"', b"16")
+    hidden = _raw_part(b"Content-Disposition: " + _FINDING, b"100000")
+    upload = _part("file", b"RIFF", "a.wav")
+    path, headers = "/v1/audio/transcriptions", {"content-type": _CT.decode()}
+    async with api_stack(max_body_bytes=64 * 1024) as stack, client(stack.url) as http:
+        resp = await http.post(path, content=_body(model, visible, hidden, upload), headers=headers)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "invalid_multipart"
+        assert stack.forwarded() == 0
+        resp = await http.post(path, content=_body(model, visible, upload), headers=headers)
+        assert resp.status_code == 200, resp.text
+    # The backend reads forms with vLLM's reader: what it acted on is what the router judged.
+    (seen,) = [u for b in stack.backends for u in b.api.uploads]
+    assert seen.fields == {"model": "fake-model", "max_completion_tokens": "16"}
 
 
 # -- what the reader finds ------------------------------------------------------------------------
