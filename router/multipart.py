@@ -109,23 +109,24 @@ def _parameters(text: bytes, allowed: frozenset[bytes] | None, where: str) -> di
 def parse_form(body: bytes, boundary: bytes) -> Form:
     fields: dict[str, str | list[str]] = {}
     files: list[FilePart] = []
-    for chunk in _chunks(body, boundary):
-        name, filename, data = _part(chunk)
+    for start, end in _spans(body, boundary):
+        name, filename, content = _part(body, start, end)
         if filename is not None:
             _claim(fields, files, name)
-            files.append(FilePart(name, filename, len(data)))
+            files.append(FilePart(name, filename, end - content))
             continue
-        _add_field(fields, files, name, data)
+        _add_field(fields, files, name, body[content:end])
     return Form(fields, tuple(files), boundary)
 
 
-def _chunks(body: bytes, boundary: bytes) -> list[bytes]:
-    """Each part's bytes (head and content), between delimiter lines that all end in CRLF."""
+def _spans(body: bytes, boundary: bytes) -> list[tuple[int, int]]:
+    """Where each part (head and content) lies, between delimiter lines that all end in CRLF.
+    Spans, not copies: an upload is never copied."""
     marker = b"--" + boundary
     if not body.startswith(marker + _CRLF):
         raise _malformed("the body does not begin with its boundary line")
     delimiter = _CRLF + marker
-    chunks: list[bytes] = []
+    spans: list[tuple[int, int]] = []
     at = len(marker) + 2
     while True:
         end = body.find(delimiter, at)
@@ -134,8 +135,8 @@ def _chunks(body: bytes, boundary: bytes) -> list[bytes]:
         # Anywhere but on its own line, the boundary is where lenient readers part ways.
         if body.find(marker, at, end) >= 0:
             raise _malformed("the boundary appears inside a part")
-        chunks.append(body[at:end])
-        if len(chunks) > MAX_PARTS:
+        spans.append((at, end))
+        if len(spans) > MAX_PARTS:
             raise _malformed(f"more than {MAX_PARTS} parts")
         after = end + len(delimiter)
         follows = body[after : after + 2]
@@ -144,18 +145,19 @@ def _chunks(body: bytes, boundary: bytes) -> list[bytes]:
         elif follows == b"--":
             if body[after + 2 :] not in (b"", _CRLF):
                 raise _malformed("bytes follow the closing boundary line")
-            return chunks
+            return spans
         else:
             raise _malformed("a boundary line is followed by something other than CRLF")
 
 
-def _part(chunk: bytes) -> tuple[str, str | None, bytes]:
-    head_end = chunk.find(_CRLF + _CRLF)
+def _part(body: bytes, start: int, end: int) -> tuple[str, str | None, int]:
+    """A part's name, its filename if it is an upload, and where its content starts."""
+    head_end = body.find(_CRLF + _CRLF, start, end)
     if head_end < 0:
         raise _malformed("a part's head does not end with an empty line")
     disposition: bytes | None = None
     media: bytes | None = None
-    for line in chunk[:head_end].split(_CRLF):
+    for line in body[start:head_end].split(_CRLF):
         header, value = _header_line(line)
         if header == b"content-disposition" and disposition is None:
             disposition = value
@@ -172,7 +174,7 @@ def _part(chunk: bytes) -> tuple[str, str | None, bytes]:
     name, filename = _disposition(disposition)
     if media is not None:
         _check_media(media, text=filename is None)
-    return name, filename, chunk[head_end + 4 :]
+    return name, filename, head_end + 4
 
 
 def _header_line(line: bytes) -> tuple[bytes, bytes]:
