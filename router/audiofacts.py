@@ -66,7 +66,8 @@ def audio_upstream_body(body: bytes, form: Form, facts: RequestFacts, bound: int
 
 
 def _positive(name: str, value: Any) -> int:
-    if isinstance(value, str) and value.isdigit() and len(value) <= 9 and int(value) >= 1:
+    # ASCII digits only: str.isdigit also takes superscripts and other scripts' digits.
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9 and int(value) >= 1:
         return int(value)
     raise BadRequest(f"'{name}' must be a positive integer", code=f"invalid_{name}")
 

@@ -1,7 +1,7 @@
 """The fake backend's answers on vLLM's other client routes, shaped as vLLM 0.32 shapes them:
 the Responses API with responses stored in this server's memory (a `previous_response_id` it
 does not hold is vLLM's 404), retrieve and cancel, rerank, score, tokenize, detokenize, and
-the audio routes (their multipart body read with the standard library's MIME parser).
+the audio routes (their multipart body read with the form reader vLLM's audio routes use).
 
 Each answer names the server (`tag`) and, for responses, how many turns the conversation had,
 so a test sees which server held a conversation from the answers alone."""
@@ -12,13 +12,14 @@ import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 
 import orjson
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
 
-from router.asgi import Scope, Send
+from router.asgi import Message, Scope, Send
 
 ROUTES = frozenset(
     {"/v1/responses", "/rerank", "/score", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
@@ -120,24 +121,37 @@ class FakeApi:
             await respond(send, 200, orjson.dumps(found[1]))
 
     async def _audio(self, scope: Scope, body: bytes, send: Send) -> None:
-        content_type = dict(scope["headers"]).get(b"content-type", b"")
-        message = BytesParser(policy=HTTP).parsebytes(b"content-type: " + content_type + b"\r\n\r\n" + body)
         fields: dict[str, str] = {}
         data = b""
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            payload = part.get_payload(decode=True)
-            assert isinstance(name, str) and isinstance(payload, bytes)
-            if part.get_filename() is not None:
-                data = payload
-            else:
-                fields[name] = payload.decode()
+        try:
+            form = await _vllm_form(scope, body)
+        except MultiPartException as exc:
+            await respond(send, 400, orjson.dumps({"error": {"message": exc.message, "code": 400}}))
+            return
+        try:
+            for name, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    data = await value.read()
+                else:
+                    fields[name] = value  # the last one wins, as vLLM's request model takes it
+        finally:
+            await form.close()
         self.uploads.append(Upload(fields, hashlib.sha256(data).hexdigest(), len(data)))
         answer = {
             "text": f"heard {len(data)} bytes on {self.tag}",
             "usage": {"type": "duration", "seconds": 1},
         }
         await respond(send, 200, orjson.dumps(answer))
+
+
+async def _vllm_form(scope: Scope, body: bytes) -> FormData:
+    """The form as vLLM's audio routes read it: Starlette's `Request.form()`."""
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    # Without an app in the scope, a malformed form raises MultiPartException (vLLM's 400).
+    return await Request({"type": "http", "headers": scope["headers"]}, receive).form()
 
 
 def _response(
