@@ -230,11 +230,42 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
             continue
         if not isinstance(value, int):
             raise BadRequest(f"'{name}' must be an integer", code=f"invalid_{name}")
-        if value > limits[name]:
-            raise BadRequest(
-                f"'{name}' is {value}; this key may ask for at most {limits[name]}",
-                code="field_limit_exceeded",
-            )
+        _within(name, value, limits[name], "")
+    echoed = _ECHOED.get(endpoint)
+    if echoed is not None and data.get("echo") is not None:
+        _check_echo(data, echoed, limits)
+
+
+# With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
+# the output logprobs: `top_logprobs` on chat, `logprobs` on completions.
+_ECHOED: Final[Mapping[Endpoint, str]] = {"chat": "top_logprobs", "completions": "logprobs"}
+
+
+def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int]) -> None:
+    echo = data["echo"]
+    if not isinstance(echo, bool):
+        raise BadRequest("'echo' must be a boolean", code="invalid_echo")
+    width = data.get(source)
+    if not echo or data.get("prompt_logprobs") is not None or "prompt_logprobs" not in limits:
+        return
+    if isinstance(width, int) and not isinstance(width, bool):
+        _within("prompt_logprobs", width, limits["prompt_logprobs"], f" ('echo' with '{source}')")
+
+
+def _within(name: str, value: int, bound: int, via: str) -> None:
+    """A count above the bound is refused; so is a negative one, which vLLM reads as the
+    whole vocabulary (-1) or refuses."""
+    if value < 0:
+        raise BadRequest(
+            f"'{name}' is {value}{via}: a negative count asks for the whole vocabulary; this "
+            f"key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
+    if value > bound:
+        raise BadRequest(
+            f"'{name}' is {value}{via}; this key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
 
 
 def unknown_names(names: tuple[str, ...]) -> list[str]:

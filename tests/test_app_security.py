@@ -248,3 +248,25 @@ async def test_key_limited_to_models_and_unknown_models(stack: Stack) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert [m["id"] for m in models.json()["data"]] == [MODEL]
     assert stack.forwarded() == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions", {"echo": True, "logprobs": True, "top_logprobs": 20}),
+        ("/v1/completions", {"echo": True, "logprobs": 20}),
+        ("/v1/chat/completions", {"prompt_logprobs": -1}),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}),
+    ],
+)
+async def test_prompt_logprobs_beyond_the_keys_bound_are_refused_however_asked(
+    stack: Stack, path: str, fields: dict[str, object]
+) -> None:
+    base: dict[str, object] = (
+        dict(CHAT) if "chat" in path else {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    )
+    async with stack.client() as client:
+        resp = await client.post(path, json={**base, **fields}, headers=auth("user"))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "field_limit_exceeded"
+    assert stack.forwarded() == 0
