@@ -4,16 +4,21 @@ policy and key scopes hold, and multipart bodies are judged before anything is f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 from collections.abc import AsyncIterator
+from typing import Any
 
+import httpx
 import orjson
 import pytest
 
+from router.auth import hash_key
 from tests.conftest import Stack
 from tests.fakebackend import Seen
-from tests.proxy.apistack import api_stack, client, sdk
+from tests.profiles import profile
+from tests.proxy.apistack import ALL_ROUTES, api_stack, client, sdk
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "fake-model"
@@ -160,3 +165,43 @@ async def test_no_key_no_route(stack: Stack) -> None:
             resp = await http.post(path, json={"model": MODEL}, headers={"authorization": ""})
             assert (resp.status_code, resp.json()["error"]["code"]) == (401, "missing_api_key"), path
     assert stack.forwarded() == 0
+
+
+METERED = "metered-key-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def _metered_stack(tpm: int, max_body_bytes: int = 64 * 1024) -> AsyncIterator[Stack]:
+    """The API stack with one more key, limited to `tpm` tokens a minute."""
+    metered = {"name": "metered", "sha256": hash_key(METERED), "routes": ALL_ROUTES, "tpm": tpm}
+    keys = [*profile([])["keys"], metered]
+    async with api_stack(keys=keys, max_body_bytes=max_body_bytes) as s:
+        yield s
+
+
+def _metered(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {METERED}"}, timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rerank", {"query": "q" * 3000, "documents": [f"doc {i}" for i in range(200)]}),
+        ("/score", {"text_1": "q" * 3000, "text_2": [f"doc {i}" for i in range(200)]}),
+        ("/score", {"queries": ["q" * 3000] * 10, "documents": ["d" * 3000] * 10}),
+    ],
+    ids=["rerank", "score-1:N", "score-N:N"],
+)
+async def test_pooling_pairs_are_charged_whole_against_the_keys_tpm(path: str, body: dict[str, Any]) -> None:
+    async with _metered_stack(tpm=20_000) as stack, _metered(stack.url) as http:
+        small = await http.post(
+            path,
+            json={"model": MODEL, "query": "q", "documents": ["d"]}
+            if path == "/rerank"
+            else {"model": MODEL, "text_1": "q", "text_2": ["d"]},
+        )
+        assert small.status_code == 200, small.text
+        resp = await http.post(path, json={"model": MODEL, **body})
+    assert resp.status_code == 429, resp.text
+    assert resp.json()["error"]["code"] == "request_too_large"
+    assert stack.forwarded() == 1
