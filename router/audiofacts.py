@@ -4,13 +4,17 @@ their multipart/form-data body (router.multipart). Pure.
 The model, the stream flag, `n` and the output bound are form fields; the body's text fields
 are checked against the route's allowlist and the key's bounds like a JSON body's. The upload
 is forwarded byte for byte: the router only appends the output bound it decided when the client
-stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests honour). The
-prompt estimate is the `prompt` field plus one audio clip's placeholder cost (`prompt_costs.audio`):
-vLLM splits long recordings into clips and runs each as its own request, which no estimate from
-the encoded upload can bound."""
+stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests honour).
+
+vLLM splits a recording longer than 30 s into clips (each but the last at least 29 s long, as
+it cuts within the last second of a window) and runs every clip as its own request, with the
+request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
+is bounded by its size at `prompt_costs.audio_min_bitrate`, and each clip costs the prompt, one
+audio placeholder (`prompt_costs.audio`) and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from router.errors import BadRequest
@@ -41,21 +45,35 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
+    clips = audio_clips(form.files[0].size, counter.costs.audio_min_bitrate)
+    per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
         model=model,
         stream=stream,
         max_tokens=data.get("max_completion_tokens"),
-        sequences=data.get("n", 1),
+        sequences=data.get("n", 1) * clips,
         has_tools=False,
         roles=(),
-        prompt_tokens=counter.request() + counter.message("user", text, "", Media(audio=1)),
+        prompt_tokens=per_clip * clips,
         prefix_chain=prefix_chain(""),
         user=None,
         include_usage=_flag("stream_include_usage", data.get("stream_include_usage")),
         body=data,
     )
     return facts, form
+
+
+# The shortest stretch of audio a clip but the last covers (vLLM: 30 s windows, each cut
+# within its last second).
+CLIP_MIN_SECONDS = 29
+
+
+def audio_clips(size: int, min_bitrate: int) -> int:
+    """How many clips an upload of `size` bytes can split into, at most: its duration is at
+    most its bits over the lowest bitrate accepted."""
+    longest_s = size * 8 / min_bitrate
+    return max(1, math.ceil(longest_s / CLIP_MIN_SECONDS))
 
 
 def audio_upstream_body(body: bytes, form: Form, facts: RequestFacts, bound: int | None) -> bytes:

@@ -93,6 +93,9 @@ class PromptCosts:
     image: int = 2048
     audio: int = 1500
     video: int = 16384
+    # Bits a second of uploaded audio takes at the least (router.audiofacts): bounds the
+    # recording's duration from its size.
+    audio_min_bitrate: int = 6000
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,7 @@ class SimulatorCounter(PromptCounter):
     exact_for_simulator = True
 
     def __init__(self) -> None:
-        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0))
+        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0, 6000))
 
     def message(self, role: str, text: str, other: str, media: Media) -> int:
         return estimate_text_tokens(text)

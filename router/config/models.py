@@ -252,6 +252,9 @@ class PromptCostsConfig(Strict):
     image: int = Field(2048, ge=0)
     audio: int = Field(1500, ge=0)
     video: int = Field(16384, ge=0)
+    # Audio uploads are charged for the longest recording their size can hold at this bitrate
+    # (bits/s): the lowest of the common speech codecs by default.
+    audio_min_bitrate: int = Field(6000, ge=100)
 
 
 class KeyConfig(Strict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import httpx
 import orjson
 import pytest
 
+from router.audiofacts import audio_clips
 from router.auth import hash_key
 from tests.conftest import Stack
 from tests.fakebackend import Seen
@@ -205,3 +207,36 @@ async def test_pooling_pairs_are_charged_whole_against_the_keys_tpm(path: str, b
     assert resp.status_code == 429, resp.text
     assert resp.json()["error"]["code"] == "request_too_large"
     assert stack.forwarded() == 1
+
+
+def _upload(size: int) -> bytes:
+    # A WAV header then silence: the size, not the content, bounds what the router charges.
+    return b"RIFF" + b"\x00" * (size - 4)
+
+
+async def test_an_audio_upload_is_charged_for_every_clip_its_size_can_hold() -> None:
+    async with _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack:
+        tokens = []
+        async with client(stack.url) as http:
+            for size in (60_000, 600_000):
+                files = {"file": ("clip.wav", _upload(size), "audio/wav")}
+                data = {"model": MODEL, "max_completion_tokens": "100"}
+                resp = await http.post("/v1/audio/transcriptions", files=files, data=data)
+                assert resp.status_code == 200, resp.text
+                tokens.append(int(resp.headers["x-lane-router-prompt-tokens"]))
+        # 600 kB at 6 kbit/s hold 800 s: 28 clips of at least 29 s, each with its audio placeholder.
+        assert tokens[1] >= 28 * 1500 and tokens[1] >= 9 * tokens[0]
+        async with _metered(stack.url) as http:
+            files = {"file": ("clip.wav", _upload(3_900_000), "audio/wav")}
+            refused = await http.post("/v1/audio/transcriptions", files=files, data={"model": MODEL})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "request_too_large"
+    assert stack.forwarded() == 2
+
+
+def test_the_clips_of_an_upload_bound_its_duration_from_above() -> None:
+    assert audio_clips(1, 6000) == 1
+    # 29 s at 6 kbit/s: one clip; a byte more can be a second.
+    assert audio_clips(29 * 750, 6000) == 1
+    assert audio_clips(29 * 750 + 1, 6000) == 2
+    assert audio_clips(3_900_000, 6000) == math.ceil(3_900_000 * 8 / 6000 / 29)
