@@ -9,8 +9,9 @@ stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests h
 vLLM splits a recording longer than 30 s into clips (each but the last at least 29 s long, as
 it cuts within the last second of a window) and runs every clip as its own request, with the
 request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
-is bounded by its size at `prompt_costs.audio_min_bitrate`, and each clip costs the prompt, one
-audio placeholder (`prompt_costs.audio`) and — as one more sequence — the output bound."""
+is bounded by its size at the bitrate a WAV header states (router.wavheader), else at
+`prompt_costs.audio_min_bitrate`, and each clip costs the prompt, one audio placeholder
+(`prompt_costs.audio`) and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from router.facts import RequestFacts, prefix_chain
 from router.multipart import Form, boundary_of, parse_form, with_field
 from router.requestfields import Endpoint
 from router.tokens import Media, PromptCounter
+from router.wavheader import upload_heads, wav_bitrate
 
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0", ""})
@@ -45,7 +47,7 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
-    clips = audio_clips(form.files[0].size, counter.costs.audio_min_bitrate)
+    clips = audio_clips(form.files[0].size, upload_bitrate(body, form, counter.costs.audio_min_bitrate))
     per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
@@ -67,6 +69,22 @@ def parse_audio_facts(
 # The shortest stretch of audio a clip but the last covers (vLLM: 30 s windows, each cut
 # within its last second).
 CLIP_MIN_SECONDS = 29
+
+
+def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
+    """The bitrate the upload's duration is bounded at: a WAV file's own (read from its
+    header), else `floor`. A WAV file below the floor is refused: the floor is the lowest
+    bitrate the router accepts."""
+    heads = upload_heads(body, form.boundary)
+    rates = [rate for rate in map(wav_bitrate, heads) if rate is not None]
+    if any(rate < floor for rate in rates):
+        raise BadRequest(
+            f"the upload is a WAV file of {min(rates)} bit/s; this router accepts audio of at "
+            f"least {floor} bit/s",
+            code="audio_bitrate_too_low",
+        )
+    # With one part naming a filename, it is the upload; with several, the floor holds for all.
+    return rates[0] if len(heads) == 1 and rates else floor
 
 
 def audio_clips(size: int, min_bitrate: int) -> int:

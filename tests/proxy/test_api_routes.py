@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import io
 import math
+import wave
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +18,8 @@ import pytest
 
 from router.audiofacts import audio_clips
 from router.auth import hash_key
+from router.errors import BadRequest
+from router.wavheader import HEAD_BYTES, wav_bitrate
 from tests.conftest import Stack
 from tests.fakebackend import Seen
 from tests.profiles import profile
@@ -240,3 +243,44 @@ def test_the_clips_of_an_upload_bound_its_duration_from_above() -> None:
     assert audio_clips(29 * 750, 6000) == 1
     assert audio_clips(29 * 750 + 1, 6000) == 2
     assert audio_clips(3_900_000, 6000) == math.ceil(3_900_000 * 8 / 6000 / 29)
+
+
+def _wav(rate: int, width: int, seconds: float, *, junk: int = 0) -> bytes:
+    """A PCM WAV file as the standard library writes it, optionally after a JUNK chunk."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\x00" * int(rate * width * seconds))
+    data = out.getvalue()
+    if junk:
+        data = data[:12] + b"JUNK" + junk.to_bytes(4, "little") + b"\x00" * junk + data[12:]
+    return data
+
+
+def test_a_wav_header_bounds_the_duration_by_its_own_bitrate() -> None:
+    assert wav_bitrate(_wav(16_000, 2, 0.1)) == 256_000
+    assert wav_bitrate(_wav(8_000, 1, 0.1, junk=1000)) == 64_000
+    assert wav_bitrate(b"RIFF" + bytes(range(256))) is None
+    with pytest.raises(BadRequest):
+        wav_bitrate(_wav(16_000, 2, 0.1, junk=HEAD_BYTES)[:HEAD_BYTES])
+
+
+async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
+    async with (
+        _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        client(stack.url) as http,
+    ):
+        data = {"model": MODEL, "max_completion_tokens": "100"}
+        # 20 s of 16 kHz, 16-bit audio (640 kB): one clip, where the floor would allow 30.
+        files = {"file": ("clip.wav", _wav(16_000, 2, 20), "audio/wav")}
+        one = await http.post("/v1/audio/transcriptions", files=files, data=data)
+        assert one.status_code == 200, one.text
+        assert int(one.headers["x-lane-router-prompt-tokens"]) < 2 * 1500
+        # 8-bit audio at 100 Hz takes 800 bit/s: 60 kB of it hold 600 s.
+        files = {"file": ("clip.wav", _wav(100, 1, 600), "audio/wav")}
+        low = await http.post("/v1/audio/transcriptions", files=files, data=data)
+    assert low.status_code == 400, low.text
+    assert low.json()["error"]["code"] == "audio_bitrate_too_low"
+    assert stack.forwarded() == 1
