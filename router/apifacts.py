@@ -146,8 +146,9 @@ def pooling_template_tokens(data: dict[str, Any], counter: PromptCounter) -> int
 
 def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
     """What a chat template renders from the body beyond the messages: every value of
-    `chat_template_kwargs` (documents, tool lists, flags a template may print) and a client's
-    own `chat_template` (an engine field, set only by keys allowed it), at the rendered bound."""
+    `chat_template_kwargs` (documents, tool lists, flags a template may print), a client's own
+    `chat_template` (an engine field, set only by keys allowed it), `response_format` and
+    `tool_choice`, at the rendered bound."""
     tokens = 0
     for name in TEMPLATE_FIELDS:
         value = data.get(name)
@@ -156,7 +157,9 @@ def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
     return tokens
 
 
-TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template")
+# vLLM 0.32 hands the chat template `chat_template_kwargs` (with `documents` merged in), and
+# some model renderers pass `response_format` and `tool_choice` into it too.
+TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
 
 
 def _texts(value: Any, name: str) -> list[str]:

@@ -33,8 +33,14 @@ def user(content: Any) -> dict[str, Any]:
         {"chat_template_kwargs": {"custom_tools": [{"name": "f", "description": "x" * 500_000}]}},
         {"documents": [{"title": "t", "text": "x" * 1_000_000}]},
         {"chat_template": "x" * 1_000_000},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "description": "x" * 500_000},
+            }
+        },
     ],
-    ids=["kwargs-documents", "kwargs-custom-tools", "documents", "chat-template"],
+    ids=["kwargs-documents", "kwargs-custom-tools", "documents", "chat-template", "response-format"],
 )
 def test_what_the_chat_template_renders_counts_whole(fields: dict[str, Any]) -> None:
     size = len(orjson.dumps(fields))
