@@ -10,8 +10,9 @@ vLLM splits a recording longer than 30 s into clips (each but the last at least 
 it cuts within the last second of a window) and runs every clip as its own request, with the
 request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
 is bounded by its size at the bitrate a WAV header states (router.wavheader), else at
-`prompt_costs.audio_min_bitrate`, and each clip costs the prompt, one audio placeholder
-(`prompt_costs.audio`) and — as one more sequence — the output bound."""
+`prompt_costs.audio_min_bitrate`, and by `prompt_costs.audio_max_duration_s` (vLLM refuses a
+longer recording); each clip costs the prompt, one audio placeholder (`prompt_costs.audio`)
+and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
-    clips = audio_clips(form.files[0].size, upload_bitrate(body, form, counter.costs.audio_min_bitrate))
+    costs = counter.costs
+    bitrate = upload_bitrate(body, form, costs.audio_min_bitrate)
+    clips = audio_clips(form.files[0].size, bitrate, costs.audio_max_duration_s)
     per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
@@ -87,10 +90,10 @@ def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
     return rates[0] if len(heads) == 1 and rates else floor
 
 
-def audio_clips(size: int, min_bitrate: int) -> int:
+def audio_clips(size: int, min_bitrate: int, max_duration_s: int) -> int:
     """How many clips an upload of `size` bytes can split into, at most: its duration is at
-    most its bits over the lowest bitrate accepted."""
-    longest_s = size * 8 / min_bitrate
+    most its bits over the lowest bitrate accepted, and at most the longest vLLM decodes."""
+    longest_s = min(size * 8 / min_bitrate, max_duration_s)
     return max(1, math.ceil(longest_s / CLIP_MIN_SECONDS))
 
 

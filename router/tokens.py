@@ -96,6 +96,9 @@ class PromptCosts:
     # Bits a second of uploaded audio takes at the least (router.audiofacts): bounds the
     # recording's duration from its size.
     audio_min_bitrate: int = 6000
+    # The longest recording vLLM decodes (its VLLM_MAX_AUDIO_DECODE_DURATION_S): it refuses
+    # longer ones, so no upload makes more clips than this duration holds.
+    audio_max_duration_s: int = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +174,7 @@ class SimulatorCounter(PromptCounter):
     exact_for_simulator = True
 
     def __init__(self) -> None:
-        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0, 6000))
+        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0, 6000, 600))
 
     def message(self, role: str, text: str, other: str, media: Media) -> int:
         return estimate_text_tokens(text)

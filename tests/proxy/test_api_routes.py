@@ -218,7 +218,7 @@ def _upload(size: int) -> bytes:
 
 
 async def test_an_audio_upload_is_charged_for_every_clip_its_size_can_hold() -> None:
-    async with _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack:
+    async with _metered_stack(tpm=20_000, max_body_bytes=4 * 1024 * 1024) as stack:
         tokens = []
         async with client(stack.url) as http:
             for size in (60_000, 600_000):
@@ -227,8 +227,9 @@ async def test_an_audio_upload_is_charged_for_every_clip_its_size_can_hold() -> 
                 resp = await http.post("/v1/audio/transcriptions", files=files, data=data)
                 assert resp.status_code == 200, resp.text
                 tokens.append(int(resp.headers["x-lane-router-prompt-tokens"]))
-        # 600 kB at 6 kbit/s hold 800 s: 28 clips of at least 29 s, each with its audio placeholder.
-        assert tokens[1] >= 28 * 1500 and tokens[1] >= 9 * tokens[0]
+        # 60 kB at 6 kbit/s hold 80 s: 3 clips of at least 29 s, each with its audio placeholder;
+        # 600 kB hold 800 s, of which vLLM decodes 600: 21 clips.
+        assert tokens[0] >= 3 * 1500 and tokens[1] >= 21 * 1500
         async with _metered(stack.url) as http:
             files = {"file": ("clip.wav", _upload(3_900_000), "audio/wav")}
             refused = await http.post("/v1/audio/transcriptions", files=files, data={"model": MODEL})
@@ -238,11 +239,13 @@ async def test_an_audio_upload_is_charged_for_every_clip_its_size_can_hold() -> 
 
 
 def test_the_clips_of_an_upload_bound_its_duration_from_above() -> None:
-    assert audio_clips(1, 6000) == 1
+    assert audio_clips(1, 6000, 600) == 1
     # 29 s at 6 kbit/s: one clip; a byte more can be a second.
-    assert audio_clips(29 * 750, 6000) == 1
-    assert audio_clips(29 * 750 + 1, 6000) == 2
-    assert audio_clips(3_900_000, 6000) == math.ceil(3_900_000 * 8 / 6000 / 29)
+    assert audio_clips(29 * 750, 6000, 600) == 1
+    assert audio_clips(29 * 750 + 1, 6000, 600) == 2
+    assert audio_clips(300_000, 6000, 3600) == math.ceil(300_000 * 8 / 6000 / 29)
+    # vLLM decodes no more than 600 s: 21 clips of at least 29 s, whatever the size.
+    assert audio_clips(3_900_000, 6000, 600) == 21
 
 
 def _wav(rate: int, width: int, seconds: float, *, junk: int = 0) -> bytes:
