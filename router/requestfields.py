@@ -226,9 +226,14 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
     limits = policy.limits
     for name in _COUNTED_ORDER:
         value = data.get(name)
-        if value is None or isinstance(value, bool) or name not in limits:
+        if value is None or name not in limits:
             continue
-        if not isinstance(value, int):
+        if isinstance(value, bool):
+            # vLLM reads `true` in a count as 1; chat's `logprobs` is a flag, not a count.
+            if name == "logprobs" and endpoint != "completions":
+                continue
+            value = int(value)
+        elif not isinstance(value, int):
             raise BadRequest(f"'{name}' must be an integer", code=f"invalid_{name}")
         _within(name, value, limits[name], "")
     echoed = _ECHOED.get(endpoint)
@@ -248,8 +253,8 @@ def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int])
     width = data.get(source)
     if not echo or data.get("prompt_logprobs") is not None or "prompt_logprobs" not in limits:
         return
-    if isinstance(width, int) and not isinstance(width, bool):
-        _within("prompt_logprobs", width, limits["prompt_logprobs"], f" ('echo' with '{source}')")
+    if isinstance(width, int):  # `true` included: vLLM reads it as 1
+        _within("prompt_logprobs", int(width), limits["prompt_logprobs"], f" ('echo' with '{source}')")
 
 
 def _within(name: str, value: int, bound: int, via: str) -> None:

@@ -257,6 +257,8 @@ async def test_key_limited_to_models_and_unknown_models(stack: Stack) -> None:
         ("/v1/completions", {"echo": True, "logprobs": 20}),
         ("/v1/chat/completions", {"prompt_logprobs": -1}),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}),
+        ("/v1/chat/completions", {"prompt_logprobs": True}),
+        ("/v1/completions", {"echo": True, "logprobs": True}),
     ],
 )
 async def test_prompt_logprobs_beyond_the_keys_bound_are_refused_however_asked(

@@ -105,6 +105,20 @@ def test_a_negative_count_is_refused_whatever_the_bound(name: str) -> None:
     assert info.value.code == "field_limit_exceeded"
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        ("chat", {"prompt_logprobs": True}),
+        ("completions", {"prompt_logprobs": True}),
+        ("completions", {"echo": True, "logprobs": True}),
+    ],
+)
+def test_true_is_a_count_of_one_where_vllm_reads_a_count(endpoint: Endpoint, fields: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], **fields}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded"
+
+
 def test_a_non_integer_bounded_field_is_refused() -> None:
     with pytest.raises(BadRequest):
         check_fields("chat", {**BASE["chat"], "n": "1000"}, DEFAULT)
