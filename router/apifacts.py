@@ -116,8 +116,8 @@ def pairs_prompt(data: dict[str, Any], counter: PromptCounter, sides: tuple[tupl
         names = " or ".join(f"{a} and {b}" for a, b in sides)
         raise BadRequest(f"the request needs exactly one of: {names}", code="invalid_input")
     first_name, second_name = present[0]
-    firsts = _texts(data[first_name], first_name)
-    seconds = _texts(data[second_name], second_name)
+    firsts, first_tokens = _items(data[first_name], first_name, counter)
+    seconds, second_tokens = _items(data[second_name], second_name, counter)
     if not firsts or not seconds:
         raise BadRequest(f"'{first_name}' and '{second_name}' must not be empty", code="invalid_input")
     if len(firsts) != 1 and len(firsts) != len(seconds):
@@ -125,8 +125,6 @@ def pairs_prompt(data: dict[str, Any], counter: PromptCounter, sides: tuple[tupl
             f"'{first_name}' must hold one item or as many as '{second_name}' ({len(seconds)})",
             code="invalid_input",
         )
-    first_tokens = [counter.text(t) for t in firsts]
-    second_tokens = [counter.text(t) for t in seconds]
     pairs = len(seconds)
     # 1:N repeats the one first text in every pair; N:N uses each once.
     firsts_total = first_tokens[0] * pairs if len(firsts) == 1 else sum(first_tokens)
@@ -162,21 +160,43 @@ def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
 TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
 
 
-def _texts(value: Any, name: str) -> list[str]:
-    """The texts of a score input: a string, a list of them, or multimodal objects (whose JSON
-    bytes bound their text; their media are not estimated)."""
+def _items(value: Any, name: str, counter: PromptCounter) -> tuple[list[str], list[int]]:
+    """The texts of a score input and their prompt tokens: a string, a list of them, or
+    multimodal objects (their JSON bytes bound their text; each media part at its
+    placeholder cost)."""
     items = value if isinstance(value, list) else [value]
-    out: list[str] = []
+    texts: list[str] = []
+    tokens: list[int] = []
+    costs = counter.costs
     for item in items:
         if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, dict | list):
-            out.append(orjson.dumps(item).decode())
+            texts.append(item)
+            tokens.append(counter.text(item))
+        elif isinstance(item, dict):
+            text = orjson.dumps(item).decode()
+            media = _media(item.get("content"))
+            texts.append(text)
+            tokens.append(
+                counter.text(text)
+                + media.images * costs.image
+                + media.audio * costs.audio
+                + media.video * costs.video
+            )
         else:
             raise BadRequest(
                 f"'{name}' must be text, an array of texts or content objects", code="invalid_input"
             )
-    return out
+    return texts, tokens
+
+
+def _media(content: Any) -> Media:
+    parts = content if isinstance(content, list) else []
+    kinds = [part.get("type") for part in parts if isinstance(part, dict)]
+    return Media(
+        sum(kind in _IMAGE or kind == "image_embeds" for kind in kinds),
+        sum(kind in _AUDIO for kind in kinds),
+        sum(kind in _VIDEO for kind in kinds),
+    )
 
 
 RERANK_SIDES = (("query", "documents"),)

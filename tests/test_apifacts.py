@@ -128,3 +128,9 @@ def test_chat_template_kwargs_count_on_every_templated_route(endpoint: Any) -> N
     body = {"input": "hi"} if endpoint == "responses" else {"messages": [{"role": "user", "content": "hi"}]}
     kwargs = {"documents": [{"text": "d" * 100_000}]}
     assert _facts(endpoint, {**body, "chat_template_kwargs": kwargs}).prompt_tokens >= 100_000
+
+
+def test_a_multimodal_score_item_counts_its_media_in_every_pair() -> None:
+    image = {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    facts = _facts("rerank", {"query": image, "documents": ["a", "b", "c"]})
+    assert facts.prompt_tokens >= 3 * COUNTER.costs.image
