@@ -32,6 +32,11 @@ _TOOL_ITEMS = frozenset(
 )
 
 
+# vLLM 0.32 hands the chat template `chat_template_kwargs` (with `documents` merged in), and
+# some model renderers pass `response_format` and `tool_choice` into it too.
+TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
+
+
 def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
     if data.get("background") not in (None, False):
         raise BadRequest(
@@ -153,11 +158,6 @@ def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
         if value is not None:
             tokens += counter.rendered(value)
     return tokens
-
-
-# vLLM 0.32 hands the chat template `chat_template_kwargs` (with `documents` merged in), and
-# some model renderers pass `response_format` and `tool_choice` into it too.
-TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
 
 
 def _items(value: Any, name: str, counter: PromptCounter) -> tuple[list[str], list[int]]:

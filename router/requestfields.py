@@ -183,6 +183,11 @@ _COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_log
 _COUNTED: Final = frozenset(_COUNTED_ORDER)
 
 
+# With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
+# the output logprobs: `top_logprobs` on chat, `logprobs` on completions.
+_ECHOED: Final[Mapping[Endpoint, str]] = {"chat": "top_logprobs", "completions": "logprobs"}
+
+
 @dataclass(frozen=True, slots=True)
 class FieldPolicy:
     """One key's effective rules: the engine fields it may set and its bounds."""
@@ -239,11 +244,6 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
     echoed = _ECHOED.get(endpoint)
     if echoed is not None and data.get("echo") is not None:
         _check_echo(data, echoed, limits)
-
-
-# With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
-# the output logprobs: `top_logprobs` on chat, `logprobs` on completions.
-_ECHOED: Final[Mapping[Endpoint, str]] = {"chat": "top_logprobs", "completions": "logprobs"}
 
 
 def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int]) -> None:
