@@ -149,9 +149,10 @@ def pooling_template_tokens(data: dict[str, Any], counter: PromptCounter) -> int
 
 def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
     """What a chat template renders from the body beyond the messages: every value of
-    `chat_template_kwargs` (documents, tool lists, flags a template may print), a client's own
-    `chat_template` (an engine field, set only by keys allowed it), `response_format` and
-    `tool_choice`, at the rendered bound."""
+    `chat_template_kwargs` (documents, tool lists, flags a template may print),
+    `response_format` and `tool_choice`, at the rendered bound; a client's own `chat_template`
+    (an engine field, sent only by keys allowed it) at its length, which bounds its literal
+    text but not what its loops render."""
     tokens = 0
     for name in TEMPLATE_FIELDS:
         value = data.get(name)
