@@ -7,8 +7,10 @@ string or a list of items, each message item as a message (text parts counted, m
 placeholder cost), any other item (function calls and their outputs, reasoning) at the byte count
 of its JSON, which bounds the text the template renders from it. What a `previous_response_id`
 adds is not in the body: the caller adds the stored conversation's bound (router.responseids).
-Rerank and score count every text and document (each query–document pair is one prompt to vLLM,
-bounded by the texts together); tokenize counts its prompt or messages; detokenize its ids."""
+Rerank and score count every query–document pair vLLM makes, each a prompt of both texts and
+the template's tokens; tokenize counts its prompt or messages; detokenize its ids. Whatever a
+template renders beside the messages (`chat_template_kwargs`, a client's `chat_template`, a
+pooling `instruction`) counts at its rendered bound (router.tokens)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ _VIDEO = frozenset({"video_url"})
 _TOOL_ITEMS = frozenset(
     {"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
 )
+
+
+# vLLM 0.32 hands the chat template `chat_template_kwargs` (with `documents` merged in), and
+# some model renderers pass `response_format` and `tool_choice` into it too.
+TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
 
 
 def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
@@ -103,43 +110,103 @@ def _content(content: Any, i: int) -> tuple[str, str, Media]:
     return "\n".join(texts), "".join(other), Media(images, audio, video)
 
 
-def pairs_prompt(data: dict[str, Any], counter: PromptCounter, sides: tuple[str, ...]) -> Prompt:
-    """Rerank and score: every text of every side the body has, each at the request cost."""
-    texts: list[str] = []
+def pairs_prompt(data: dict[str, Any], counter: PromptCounter, sides: tuple[tuple[str, str], ...]) -> Prompt:
+    """Rerank and score. vLLM pairs the first side with the second as it reads `text_1` and
+    `text_2`: one first text with every second one (1:N), or the two lists item by item (N:N),
+    and each pair is one prompt — both texts, the template's tokens and whatever the pooling
+    template renders (`instruction`, `chat_template_kwargs`) — so each pair is counted whole."""
+    named = {name for pair in sides for name in pair if name in data}
+    present = [pair for pair in sides if set(pair) == named]
+    if not present:
+        names = " or ".join(f"{a} and {b}" for a, b in sides)
+        raise BadRequest(f"the request needs exactly one of: {names}", code="invalid_input")
+    first_name, second_name = present[0]
+    firsts, first_tokens = _items(data[first_name], first_name, counter)
+    seconds, second_tokens = _items(data[second_name], second_name, counter)
+    if not firsts or not seconds:
+        raise BadRequest(f"'{first_name}' and '{second_name}' must not be empty", code="invalid_input")
+    if len(firsts) != 1 and len(firsts) != len(seconds):
+        raise BadRequest(
+            f"'{first_name}' must hold one item or as many as '{second_name}' ({len(seconds)})",
+            code="invalid_input",
+        )
+    pairs = len(seconds)
+    # 1:N repeats the one first text in every pair; N:N uses each once.
+    firsts_total = first_tokens[0] * pairs if len(firsts) == 1 else sum(first_tokens)
+    per_pair = counter.request() + pooling_template_tokens(data, counter)
+    tokens = pairs * per_pair + firsts_total + sum(second_tokens)
+    return "\n".join(firsts + seconds), tokens, 1, False
+
+
+def pooling_template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
+    """What a pooling request's template renders beside its texts, at every pair."""
+    tokens = template_tokens(data, counter)
+    instruction = data.get("instruction")
+    if instruction is not None:
+        tokens += counter.rendered(instruction)
+    return tokens
+
+
+def template_tokens(data: dict[str, Any], counter: PromptCounter) -> int:
+    """What a chat template renders from the body beyond the messages: every value of
+    `chat_template_kwargs` (documents, tool lists, flags a template may print),
+    `response_format` and `tool_choice`, at the rendered bound; a client's own `chat_template`
+    (an engine field, sent only by keys allowed it) at its length, which bounds its literal
+    text but not what its loops render."""
     tokens = 0
-    found = 0
-    for name in sides:
+    for name in TEMPLATE_FIELDS:
         value = data.get(name)
-        if value is None:
-            continue
-        found += 1
-        for text in _texts(value, name):
-            texts.append(text)
-            tokens += counter.request() + counter.text(text)
-    if found < 2:
-        raise BadRequest(f"the request needs two of: {', '.join(sides)}", code="invalid_input")
-    return "\n".join(texts), tokens, 1, False
+        if value is not None:
+            tokens += counter.rendered(value)
+    return tokens
 
 
-def _texts(value: Any, name: str) -> list[str]:
-    """The texts of a score input: a string, a list of them, or multimodal objects (whose JSON
-    bytes bound their text; their media are not estimated)."""
+def _items(value: Any, name: str, counter: PromptCounter) -> tuple[list[str], list[int]]:
+    """The texts of a score input and their prompt tokens: a string, a list of them, or
+    multimodal objects (their JSON bytes bound their text; each media part at its
+    placeholder cost)."""
     items = value if isinstance(value, list) else [value]
-    out: list[str] = []
+    texts: list[str] = []
+    tokens: list[int] = []
+    costs = counter.costs
     for item in items:
         if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, dict | list):
-            out.append(orjson.dumps(item).decode())
+            texts.append(item)
+            tokens.append(counter.text(item))
+        elif isinstance(item, dict):
+            text = orjson.dumps(item).decode()
+            media = _media(item.get("content"))
+            texts.append(text)
+            tokens.append(
+                counter.text(text)
+                + media.images * costs.image
+                + media.audio * costs.audio
+                + media.video * costs.video
+            )
         else:
             raise BadRequest(
                 f"'{name}' must be text, an array of texts or content objects", code="invalid_input"
             )
-    return out
+    return texts, tokens
 
 
-RERANK_SIDES = ("query", "documents")
-SCORE_SIDES = ("queries", "documents", "items", "data_1", "data_2", "text_1", "text_2")
+def _media(content: Any) -> Media:
+    parts = content if isinstance(content, list) else []
+    kinds = [part.get("type") for part in parts if isinstance(part, dict)]
+    return Media(
+        sum(kind in _IMAGE or kind == "image_embeds" for kind in kinds),
+        sum(kind in _AUDIO for kind in kinds),
+        sum(kind in _VIDEO for kind in kinds),
+    )
+
+
+RERANK_SIDES = (("query", "documents"),)
+SCORE_SIDES = (
+    ("queries", "documents"),
+    ("queries", "items"),
+    ("data_1", "data_2"),
+    ("text_1", "text_2"),
+)
 
 
 def detokenize_prompt(data: dict[str, Any]) -> Prompt:

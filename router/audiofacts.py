@@ -4,13 +4,19 @@ their multipart/form-data body (router.multipart). Pure.
 The model, the stream flag, `n` and the output bound are form fields; the body's text fields
 are checked against the route's allowlist and the key's bounds like a JSON body's. The upload
 is forwarded byte for byte: the router only appends the output bound it decided when the client
-stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests honour). The
-prompt estimate is the `prompt` field plus one audio clip's placeholder cost (`prompt_costs.audio`):
-vLLM splits long recordings into clips and runs each as its own request, which no estimate from
-the encoded upload can bound."""
+stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests honour).
+
+vLLM splits a recording longer than 30 s into clips (each but the last at least 29 s long, as
+it cuts within the last second of a window) and runs every clip as its own request, with the
+request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
+is bounded by its size at the bitrate a WAV header states (router.wavheader), else at
+`prompt_costs.audio_min_bitrate`, and by `prompt_costs.audio_max_duration_s` (vLLM refuses a
+longer recording); each clip costs the prompt, one audio placeholder (`prompt_costs.audio`)
+and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from router.errors import BadRequest
@@ -18,6 +24,7 @@ from router.facts import RequestFacts, prefix_chain
 from router.multipart import Form, boundary_of, parse_form, with_field
 from router.requestfields import Endpoint
 from router.tokens import Media, PromptCounter
+from router.wavheader import upload_heads, wav_bitrate
 
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0", ""})
@@ -41,21 +48,53 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
+    costs = counter.costs
+    bitrate = upload_bitrate(body, form, costs.audio_min_bitrate)
+    clips = audio_clips(form.files[0].size, bitrate, costs.audio_max_duration_s)
+    per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
         model=model,
         stream=stream,
         max_tokens=data.get("max_completion_tokens"),
-        sequences=data.get("n", 1),
+        sequences=data.get("n", 1) * clips,
         has_tools=False,
         roles=(),
-        prompt_tokens=counter.request() + counter.message("user", text, "", Media(audio=1)),
+        prompt_tokens=per_clip * clips,
         prefix_chain=prefix_chain(""),
         user=None,
         include_usage=_flag("stream_include_usage", data.get("stream_include_usage")),
         body=data,
     )
     return facts, form
+
+
+# The shortest stretch of audio a clip but the last covers (vLLM: 30 s windows, each cut
+# within its last second).
+CLIP_MIN_SECONDS = 29
+
+
+def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
+    """The bitrate the upload's duration is bounded at: a WAV file's own (read from its
+    header), else `floor`. A WAV file below the floor is refused: the floor is the lowest
+    bitrate the router accepts."""
+    heads = upload_heads(body, form.boundary)
+    rates = [rate for rate in map(wav_bitrate, heads) if rate is not None]
+    if any(rate < floor for rate in rates):
+        raise BadRequest(
+            f"the upload is a WAV file of {min(rates)} bit/s; this router accepts audio of at "
+            f"least {floor} bit/s",
+            code="audio_bitrate_too_low",
+        )
+    # With one part naming a filename, it is the upload; with several, the floor holds for all.
+    return rates[0] if len(heads) == 1 and rates else floor
+
+
+def audio_clips(size: int, min_bitrate: int, max_duration_s: int) -> int:
+    """How many clips an upload of `size` bytes can split into, at most: its duration is at
+    most its bits over the lowest bitrate accepted, and at most the longest vLLM decodes."""
+    longest_s = min(size * 8 / min_bitrate, max_duration_s)
+    return max(1, math.ceil(longest_s / CLIP_MIN_SECONDS))
 
 
 def audio_upstream_body(body: bytes, form: Form, facts: RequestFacts, bound: int | None) -> bytes:

@@ -64,6 +64,10 @@ class Signals(NamedTuple):
     header_class: RequestClass | None = None
     prefix_seen: int = 0
     slow_client: bool = False
+    # All the output the request may make in the default class's lane: the bound the router
+    # writes there when the body states none (router.rewrite.written_output). None: only the
+    # stated bound is known.
+    output_tokens: int | None = None
 
 
 def parse_class_header(value: bytes | None) -> RequestClass | None:
@@ -88,9 +92,12 @@ def classify(facts: RequestFacts, key: ApiKey, signals: Signals, rules: Classify
         return _new(Classification, (RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT))
     if signals.prefix_seen >= prefix_seen:
         return _new(Classification, (RequestClass.RAG, Reason.REPEATED_PREFIX))
-    # `facts.output_tokens`, without a property call; the threshold is at least 1.
-    stated = facts.max_tokens
-    if not facts.stream and stated is not None and stated * facts.sequences >= batch_min_output:
+    # A request that states no bound is judged by the one the router writes for it, so leaving
+    # the bound out cannot keep a large generation out of the batch class.
+    total = signals.output_tokens
+    if total is None and facts.max_tokens is not None:
+        total = facts.max_tokens * facts.sequences
+    if not facts.stream and total is not None and total >= batch_min_output:
         return _new(Classification, (RequestClass.BATCH, Reason.LARGE_GENERATION))
     if facts.stream and signals.slow_client:
         return _new(Classification, (RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT))

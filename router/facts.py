@@ -26,6 +26,7 @@ from router.apifacts import (
     detokenize_prompt,
     pairs_prompt,
     responses_prompt,
+    template_tokens,
 )
 from router.errors import BadRequest
 from router.requestfields import Endpoint
@@ -43,6 +44,8 @@ _IMAGE_PARTS: Final = frozenset({"image_url", "input_image", "image_pil"})
 _AUDIO_PARTS: Final = frozenset({"input_audio", "audio_url"})
 _VIDEO_PARTS: Final = frozenset({"video_url"})
 _OTHER_FIELDS: Final = ("name", "tool_call_id", "reasoning", "reasoning_content")
+# Routes whose prompt vLLM renders with a chat template (tokenize, when it has messages).
+_TEMPLATED: Final = frozenset({"chat", "responses", "tokenize"})
 
 
 _API_PROMPTS: Final[dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Prompt]]] = {
@@ -109,10 +112,13 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     if tools is not None and not isinstance(tools, list):
         raise BadRequest("'tools' must be an array", code="invalid_tools")
     if tools:
-        prompt_tokens += counter.tools(orjson.dumps(tools).decode())
-    documents = data.get("documents")
-    if documents is not None:
-        prompt_tokens += counter.text(orjson.dumps(documents).decode())
+        prompt_tokens += counter.tools(tools)
+    if endpoint in _TEMPLATED:
+        # What the chat template renders beside the messages (the pooling routes count it at
+        # every pair, router.apifacts).
+        if endpoint == "chat" and data.get("documents") is not None:
+            prompt_tokens += counter.rendered(data["documents"])
+        prompt_tokens += template_tokens(data, counter)
     sequences = prompts
     # Only chat and completions make several outputs per prompt, and only when asked to.
     if endpoint in ("chat", "completions") and ("n" in data or "best_of" in data):

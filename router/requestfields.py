@@ -183,6 +183,11 @@ _COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_log
 _COUNTED: Final = frozenset(_COUNTED_ORDER)
 
 
+# With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
+# the output logprobs: `top_logprobs` on chat, `logprobs` on completions.
+_ECHOED: Final[Mapping[Endpoint, str]] = {"chat": "top_logprobs", "completions": "logprobs"}
+
+
 @dataclass(frozen=True, slots=True)
 class FieldPolicy:
     """One key's effective rules: the engine fields it may set and its bounds."""
@@ -226,15 +231,46 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
     limits = policy.limits
     for name in _COUNTED_ORDER:
         value = data.get(name)
-        if value is None or isinstance(value, bool) or name not in limits:
+        if value is None or name not in limits:
             continue
-        if not isinstance(value, int):
+        if isinstance(value, bool):
+            # vLLM reads `true` in a count as 1; chat's `logprobs` is a flag, not a count.
+            if name == "logprobs" and endpoint != "completions":
+                continue
+            value = int(value)
+        elif not isinstance(value, int):
             raise BadRequest(f"'{name}' must be an integer", code=f"invalid_{name}")
-        if value > limits[name]:
-            raise BadRequest(
-                f"'{name}' is {value}; this key may ask for at most {limits[name]}",
-                code="field_limit_exceeded",
-            )
+        _within(name, value, limits[name], "")
+    echoed = _ECHOED.get(endpoint)
+    if echoed is not None and data.get("echo") is not None:
+        _check_echo(data, echoed, limits)
+
+
+def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int]) -> None:
+    echo = data["echo"]
+    if not isinstance(echo, bool):
+        raise BadRequest("'echo' must be a boolean", code="invalid_echo")
+    width = data.get(source)
+    if not echo or data.get("prompt_logprobs") is not None or "prompt_logprobs" not in limits:
+        return
+    if isinstance(width, int):  # `true` included: vLLM reads it as 1
+        _within("prompt_logprobs", int(width), limits["prompt_logprobs"], f" ('echo' with '{source}')")
+
+
+def _within(name: str, value: int, bound: int, via: str) -> None:
+    """A count above the bound is refused; so is a negative one, which vLLM reads as the
+    whole vocabulary (-1) or refuses."""
+    if value < 0:
+        raise BadRequest(
+            f"'{name}' is {value}{via}: a negative count asks for the whole vocabulary; this "
+            f"key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
+    if value > bound:
+        raise BadRequest(
+            f"'{name}' is {value}{via}; this key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
 
 
 def unknown_names(names: tuple[str, ...]) -> list[str]:

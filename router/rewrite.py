@@ -40,18 +40,35 @@ def output_bound(facts: RequestFacts, caps: OutputCaps) -> int | None:
         return None
     if facts.max_tokens is not None:
         return facts.max_tokens
+    bound = _unstated_bound(facts, caps)
+    if bound < 1:
+        raise BadRequest(
+            f"the request asks for {facts.sequences} outputs; its lane allows "
+            f"{caps.lane} output tokens in all",
+            code="max_tokens_exceeded",
+        )
+    return bound
+
+
+def written_output(facts: RequestFacts, caps: OutputCaps) -> int | None:
+    """All the output a request may make under these caps, its sequences together: the bound
+    it states, else the one the router writes (at least one token a sequence); None for
+    routes without output. What classification judges, rather than the stated bound alone."""
+    if facts.endpoint in NO_OUTPUT:
+        return None
+    if facts.max_tokens is not None:
+        return facts.max_tokens * facts.sequences
+    return max(1, _unstated_bound(facts, caps)) * facts.sequences
+
+
+def _unstated_bound(facts: RequestFacts, caps: OutputCaps) -> int:
+    """The per-sequence bound written when the client states none (below 1: the lane's
+    output does not cover one token a sequence)."""
     bound = COMPLETIONS_DEFAULT_MAX_TOKENS if facts.endpoint == "completions" else caps.context
     if caps.key is not None:
         bound = min(bound, caps.key)
     if caps.lane is not None:
-        share = caps.lane // facts.sequences
-        if share < 1:
-            raise BadRequest(
-                f"the request asks for {facts.sequences} outputs; its lane allows "
-                f"{caps.lane} output tokens in all",
-                code="max_tokens_exceeded",
-            )
-        bound = min(bound, share)
+        bound = min(bound, caps.lane // facts.sequences)
     return bound
 
 

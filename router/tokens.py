@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import orjson
+
 # The simulator's rule (4 characters a token, at least one per text). It is also the unit of
 # the prefix fingerprints' blocks (router.facts), which only need a stable size in characters.
 CHARS_PER_TOKEN: Final = 4
@@ -91,6 +93,12 @@ class PromptCosts:
     image: int = 2048
     audio: int = 1500
     video: int = 16384
+    # Bits a second of uploaded audio takes at the least (router.audiofacts): bounds the
+    # recording's duration from its size.
+    audio_min_bitrate: int = 6000
+    # The longest recording vLLM decodes (its VLLM_MAX_AUDIO_DECODE_DURATION_S): it refuses
+    # longer ones, so no upload makes more clips than this duration holds.
+    audio_max_duration_s: int = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +153,19 @@ class PromptCounter:
             cost = roles[role] = self.costs.per_message + self._text.count(role)
         return cost + self._text.count(text)
 
-    def tools(self, serialized: str) -> int:
-        return self.costs.tools + self._text.count(serialized)
+    def tools(self, tools: object) -> int:
+        """Tool definitions: the template's tool boilerplate and the definitions as rendered."""
+        return self.costs.tools + self.rendered(tools)
+
+    def rendered(self, value: object) -> int:
+        """A value of the body a chat template renders, at an upper bound of its rendered text.
+        A string renders as itself or, through `tojson`, escaped and quoted: its JSON bounds
+        both. A structure renders through `tojson` (Python's separators, an indent of up to 4)
+        or as Python's repr; twice its JSON at an indent of 2 bounds each — the indent at most
+        doubles, and no escape is longer than JSON's."""
+        if isinstance(value, str):
+            return self._text.count(orjson.dumps(value).decode())
+        return 2 * self._text.count(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
 
 
 class SimulatorCounter(PromptCounter):
@@ -155,7 +174,7 @@ class SimulatorCounter(PromptCounter):
     exact_for_simulator = True
 
     def __init__(self) -> None:
-        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0))
+        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0, 6000, 600))
 
     def message(self, role: str, text: str, other: str, media: Media) -> int:
         return estimate_text_tokens(text)
@@ -163,7 +182,10 @@ class SimulatorCounter(PromptCounter):
     def plain_message(self, role: str, text: str) -> int:
         return estimate_text_tokens(text)
 
-    def tools(self, serialized: str) -> int:
+    def tools(self, tools: object) -> int:
+        return 0
+
+    def rendered(self, value: object) -> int:
         return 0
 
 

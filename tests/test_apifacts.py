@@ -76,3 +76,61 @@ def test_routes_without_output_have_no_bound_and_a_prompt_bound(endpoint: Any, b
 def test_malformed_bodies_are_refused(endpoint: Any, body: dict[str, Any]) -> None:
     with pytest.raises(BadRequest):
         _facts(endpoint, body)
+
+
+def test_a_rerank_counts_the_query_in_every_pair() -> None:
+    query, docs = "q" * 3000, [f"document {i}" for i in range(200)]
+    facts = _facts("rerank", {"query": query, "documents": docs})
+    pairs = sum(3000 + len(d) + COUNTER.request() for d in docs)
+    assert facts.prompt_tokens == pairs
+
+
+@pytest.mark.parametrize(
+    ("body", "pairs"),
+    [
+        ({"queries": "q" * 100, "documents": ["a" * 10] * 50}, 50 * (100 + 10)),
+        ({"text_1": ["q" * 100], "text_2": ["a" * 10] * 50}, 50 * (100 + 10)),
+        ({"data_1": ["q" * 100] * 3, "data_2": ["a" * 10] * 3}, 3 * (100 + 10)),
+        ({"queries": ["q" * 100] * 3, "items": ["a" * 10] * 3}, 3 * (100 + 10)),
+    ],
+    ids=["1:N", "1:N-list", "N:N", "items"],
+)
+def test_a_score_counts_its_pairs_as_vllm_makes_them(body: dict[str, Any], pairs: int) -> None:
+    n = len(body[next(k for k in body if k not in ("queries", "text_1", "data_1"))])
+    assert _facts("score", body).prompt_tokens == pairs + n * COUNTER.request()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"queries": ["a", "b"], "documents": ["c", "d", "e"]},
+        {"queries": "a", "documents": "b", "items": "c"},
+        {"text_1": "a", "data_2": "b"},
+        {"queries": [], "documents": ["a"]},
+    ],
+)
+def test_score_bodies_vllm_could_pair_otherwise_are_refused(body: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest) as info:
+        _facts("score", body)
+    assert info.value.code == "invalid_input"
+
+
+def test_a_pooling_template_renders_its_instruction_and_kwargs_in_every_pair() -> None:
+    plain = _facts("rerank", {"query": "q", "documents": ["d"] * 10})
+    kwargs = {"instruction": "i" * 500, "chat_template_kwargs": {"note": "n" * 1000}}
+    assert _facts("rerank", {"query": "q", "documents": ["d"] * 10, **kwargs}).prompt_tokens >= (
+        plain.prompt_tokens + 10 * 1500
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["responses", "tokenize"])
+def test_chat_template_kwargs_count_on_every_templated_route(endpoint: Any) -> None:
+    body = {"input": "hi"} if endpoint == "responses" else {"messages": [{"role": "user", "content": "hi"}]}
+    kwargs = {"documents": [{"text": "d" * 100_000}]}
+    assert _facts(endpoint, {**body, "chat_template_kwargs": kwargs}).prompt_tokens >= 100_000
+
+
+def test_a_multimodal_score_item_counts_its_media_in_every_pair() -> None:
+    image = {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    facts = _facts("rerank", {"query": image, "documents": ["a", "b", "c"]})
+    assert facts.prompt_tokens >= 3 * COUNTER.costs.image

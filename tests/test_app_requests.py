@@ -116,3 +116,18 @@ async def test_each_class_is_reached_by_its_signal(stack: Stack) -> None:
         "chat",
         "default",
     )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"chat_template_kwargs": {"custom_tools": [{"name": "f", "description": "x" * 5000}]}},
+        {"chat_template_kwargs": {"documents": [{"title": "t", "text": "x" * 5000}]}},
+        {"documents": [{"title": "t", "text": "x" * 5000}]},
+    ],
+    ids=["custom-tools", "kwargs-documents", "documents"],
+)
+async def test_what_the_template_renders_makes_a_long_prompt(stack: Stack, fields: dict[str, object]) -> None:
+    # A short message; the template's other inputs carry ≈5,000 tokens, above the profile's 1,000.
+    body = {"model": MODEL, "messages": MSG, "stream": True, "max_tokens": 16, **fields}
+    assert await _class_of(stack, body) == ("long_context", "long_prompt")

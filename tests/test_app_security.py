@@ -248,3 +248,49 @@ async def test_key_limited_to_models_and_unknown_models(stack: Stack) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert [m["id"] for m in models.json()["data"]] == [MODEL]
     assert stack.forwarded() == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions", {"echo": True, "logprobs": True, "top_logprobs": 20}),
+        ("/v1/completions", {"echo": True, "logprobs": 20}),
+        ("/v1/chat/completions", {"prompt_logprobs": -1}),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}),
+        ("/v1/chat/completions", {"prompt_logprobs": True}),
+        ("/v1/completions", {"echo": True, "logprobs": True}),
+    ],
+)
+async def test_prompt_logprobs_beyond_the_keys_bound_are_refused_however_asked(
+    stack: Stack, path: str, fields: dict[str, object]
+) -> None:
+    base: dict[str, object] = (
+        dict(CHAT) if "chat" in path else {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    )
+    async with stack.client() as client:
+        resp = await client.post(path, json={**base, **fields}, headers=auth("user"))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "field_limit_exceeded"
+    assert stack.forwarded() == 0
+
+
+@pytest.mark.parametrize("fields", [{}, {"n": 8}, {"max_completion_tokens": None}])
+async def test_a_request_stating_no_bound_is_classed_by_the_bound_the_router_writes(
+    stack: Stack, fields: dict[str, object]
+) -> None:
+    # The router writes the pool's context (2048) as the bound: a large generation, as if stated.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], **fields}
+    async with stack.client() as client:
+        refused = await client.post("/v1/chat/completions", json=body, headers=auth("chat-only"))
+        stated = await client.post(
+            "/v1/chat/completions", json={**body, "max_tokens": 16}, headers=auth("chat-only")
+        )
+        batch = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "class_not_allowed"
+    assert stated.status_code == 200, stated.text
+    assert batch.status_code == 200, batch.text
+    assert (batch.headers["x-lane-router-class"], batch.headers["x-lane-router-reason"]) == (
+        "batch",
+        "large_generation",
+    )
+    assert stack.forwarded() == 2

@@ -92,6 +92,16 @@ def test_large_non_streamed_generation_makes_batch() -> None:
     assert run(PLAIN._replace(stream=False, max_tokens=None)).reason is Reason.DEFAULT
 
 
+def test_an_unstated_bound_is_judged_by_the_written_one_with_its_sequences() -> None:
+    unstated = PLAIN._replace(stream=False, max_tokens=None, sequences=8)
+
+    assert run(unstated, output_tokens=8 * 2048) == Classification(
+        RequestClass.BATCH, Reason.LARGE_GENERATION
+    )
+    assert run(unstated, output_tokens=255).reason is Reason.DEFAULT
+    assert run(unstated._replace(stream=True), output_tokens=8 * 2048).reason is Reason.DEFAULT
+
+
 def test_large_streamed_generation_is_not_batch() -> None:
     assert run(PLAIN._replace(stream=True, max_tokens=4096)).cls is RequestClass.CHAT
 

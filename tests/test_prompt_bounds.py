@@ -26,6 +26,37 @@ def user(content: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}]}
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"chat_template_kwargs": {"documents": [{"title": "t", "text": "x" * 1_000_000}]}},
+        {"chat_template_kwargs": {"custom_tools": [{"name": "f", "description": "x" * 500_000}]}},
+        {"documents": [{"title": "t", "text": "x" * 1_000_000}]},
+        {"chat_template": "x" * 1_000_000},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "description": "x" * 500_000},
+            }
+        },
+    ],
+    ids=["kwargs-documents", "kwargs-custom-tools", "documents", "chat-template", "response-format"],
+)
+def test_what_the_chat_template_renders_counts_whole(fields: dict[str, Any]) -> None:
+    size = len(orjson.dumps(fields))
+    assert facts({**user("hi"), **fields}).prompt_tokens >= size
+
+
+def test_tools_count_at_their_widest_rendering() -> None:
+    import json
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"enum": [[1]] * 200}}}]
+    plain = facts(user("hi")).prompt_tokens
+    rendered = len(json.dumps(tools, indent=4, ensure_ascii=False))
+    assert facts({**user("hi"), "tools": tools}).prompt_tokens - plain >= rendered + COSTS.tools
+    assert facts({**user("hi"), "tools": tools}).prompt_tokens - plain >= len(str(tools))
+
+
 def test_n_multiplies_the_output() -> None:
     f = facts({**user("hi"), "n": 8, "max_tokens": 200})
 

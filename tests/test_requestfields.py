@@ -77,6 +77,48 @@ def test_chat_logprobs_is_a_flag_and_not_bounded() -> None:
     check_fields("chat", {**BASE["chat"], "logprobs": True, "top_logprobs": 3}, DEFAULT)
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        ("chat", {"echo": True, "logprobs": True, "top_logprobs": 20}),
+        ("completions", {"echo": True, "logprobs": 5}),
+    ],
+)
+def test_echo_asks_for_prompt_logprobs_at_the_output_width(
+    endpoint: Endpoint, fields: dict[str, Any]
+) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], **fields}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded" and "prompt_logprobs" in info.value.message
+    # Without echo, or with prompt_logprobs stated within the bound, the same widths pass.
+    check_fields(endpoint, {**BASE[endpoint], **fields, "echo": False}, DEFAULT)
+    check_fields(endpoint, {**BASE[endpoint], **fields, "prompt_logprobs": 0}, DEFAULT)
+    wide = FieldPolicy.merged((), {"prompt_logprobs": 20})
+    check_fields(endpoint, {**BASE[endpoint], **fields}, wide)
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_LIMITS))
+def test_a_negative_count_is_refused_whatever_the_bound(name: str) -> None:
+    endpoint: Endpoint = "completions" if name in ("best_of", "logprobs") else "chat"
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], name: -1}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        ("chat", {"prompt_logprobs": True}),
+        ("completions", {"prompt_logprobs": True}),
+        ("completions", {"echo": True, "logprobs": True}),
+    ],
+)
+def test_true_is_a_count_of_one_where_vllm_reads_a_count(endpoint: Endpoint, fields: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], **fields}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded"
+
+
 def test_a_non_integer_bounded_field_is_refused() -> None:
     with pytest.raises(BadRequest):
         check_fields("chat", {**BASE["chat"], "n": "1000"}, DEFAULT)

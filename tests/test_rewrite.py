@@ -15,6 +15,7 @@ from router.rewrite import (
     check_key_output,
     output_bound,
     upstream_body,
+    written_output,
 )
 from router.tokens import make_counter
 
@@ -48,6 +49,19 @@ def test_chat_without_a_bound_gets_the_lane_share_the_key_bound_or_the_context()
     assert sent(facts(), OutputCaps(lane=None, key=300, context=8192))["max_tokens"] == 300
     assert sent(facts(), OutputCaps(lane=512, key=None, context=8192))["max_tokens"] == 512
     assert sent(facts(n=4), OutputCaps(lane=512, key=None, context=8192))["max_tokens"] == 128
+
+
+def test_the_written_output_is_the_bound_sent_times_the_sequences() -> None:
+    for f, caps in [
+        (facts(n=8), NO_CAPS),
+        (facts(n=4), OutputCaps(lane=512, key=None, context=8192)),
+        (facts(max_tokens=50, n=3), NO_CAPS),
+        (facts("completions", best_of=5), NO_CAPS),
+    ]:
+        bound = sent(f, caps)["max_tokens"]
+        assert written_output(f, caps) == bound * f.sequences
+    assert written_output(facts(n=8), NO_CAPS) == 8 * 8192
+    assert written_output(facts("embeddings"), NO_CAPS) is None
 
 
 def test_more_sequences_than_the_lane_has_tokens_is_refused() -> None:

@@ -66,7 +66,7 @@ def test_message_cost_adds_template_role_other_fields_and_media() -> None:
     assert counter.message("user", "hello", "", Media()) == 7 + 4 + 5
     assert counter.message("tool", "42", "call-1", Media()) == 7 + 4 + 2 + 6
     assert counter.message("user", "", "", Media(images=2, audio=1, video=1)) == 7 + 4 + 200 + 200 + 300
-    assert counter.tools("[]") == 11 + 2
+    assert counter.tools([]) == 11 + 2 * 2
 
 
 @pytest.fixture

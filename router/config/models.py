@@ -252,6 +252,12 @@ class PromptCostsConfig(Strict):
     image: int = Field(2048, ge=0)
     audio: int = Field(1500, ge=0)
     video: int = Field(16384, ge=0)
+    # Audio uploads are charged for the longest recording their size can hold at this bitrate
+    # (bits/s): the lowest of the common speech codecs by default.
+    audio_min_bitrate: int = Field(6000, ge=100)
+    # vLLM refuses audio longer than its VLLM_MAX_AUDIO_DECODE_DURATION_S (600 s by default):
+    # set this to the same value, which caps what an upload is charged for.
+    audio_max_duration_s: int = Field(600, ge=1)
 
 
 class KeyConfig(Strict):

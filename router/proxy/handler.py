@@ -30,7 +30,7 @@ from router.proxy.respond import ResponseAborted
 from router.ratelimit import estimate_tokens
 from router.requestfields import check_fields
 from router.requestrecord import RequestRecord
-from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body
+from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body, written_output
 from router.runtime import Lane, Runtime
 from router.slowclient import client_identity
 from router.tracecontext import NO_CLIENT_TRACE
@@ -225,7 +225,14 @@ def choose_lane(
         if fingerprint is not None:
             seen = runtime.prefixes.observe(fingerprint, time.monotonic())
     header = headers.request_class
-    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow))
+    written: int | None = None
+    if not facts.stream and facts.max_tokens is None:
+        # Outside batch, a non-streamed request goes to the default class's lane: the bound the
+        # router writes there decides whether it is a large generation.
+        default = runtime.lanes[rules.default_class].settings
+        caps = _new(OutputCaps, (default.max_output_tokens, key.fields.max_tokens, default.max_model_len))
+        written = written_output(facts, caps)
+    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow, written))
     decision = classify(facts, key, signals, rules)
     lane = runtime.lanes[decision.cls]
     if stored is not None:
