@@ -78,7 +78,7 @@ def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
     """The bitrate the upload's duration is bounded at: a WAV file's own (read from its
     header), else `floor`. A WAV file below the floor is refused: the floor is the lowest
     bitrate the router accepts."""
-    heads = upload_heads(body, form.boundary)
+    heads = upload_heads(body, form.files)
     rates = [rate for rate in map(wav_bitrate, heads) if rate is not None]
     if any(rate < floor for rate in rates):
         raise BadRequest(

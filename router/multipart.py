@@ -53,6 +53,8 @@ class FilePart:
     name: str
     filename: str
     size: int
+    # Where the file's bytes begin in the body: read in place, never copied.
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,7 @@ def parse_form(body: bytes, boundary: bytes) -> Form:
         name, filename, content = _part(body, start, end)
         if filename is not None:
             _claim(fields, files, name)
-            files.append(FilePart(name, filename, end - content))
+            files.append(FilePart(name, filename, end - content, content))
             continue
         _add_field(fields, files, name, body[content:end])
     return Form(fields, tuple(files), boundary)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from router.errors import BadRequest
+from router.multipart import FilePart
 
 HEAD_BYTES: Final = 65536
-_CRLF: Final = b"\r\n"
 # Sample formats stored whole: PCM, IEEE float, A-law, µ-law.
 _WHOLE: Final = frozenset({1, 3, 6, 7})
 _EXTENSIBLE: Final = 0xFFFE
@@ -23,18 +23,10 @@ def _invalid(why: str) -> BadRequest:
     return BadRequest(f"the WAV upload's header {why}", code="invalid_file")
 
 
-def upload_heads(body: bytes, boundary: bytes) -> list[bytes]:
-    """The first HEAD_BYTES of every part of a form (already read by router.multipart) whose
-    head names a filename: the upload is among them."""
-    delimiter = b"--" + boundary
-    end = body.find(_CRLF + delimiter + b"--")
-    heads: list[bytes] = []
-    for chunk in body[len(delimiter) + 2 : end].split(_CRLF + delimiter + _CRLF):
-        head_end = chunk.find(_CRLF + _CRLF)
-        if head_end >= 0 and b"filename" in chunk[:head_end].lower():
-            start = head_end + 4
-            heads.append(chunk[start : start + HEAD_BYTES])
-    return heads
+def upload_heads(body: bytes, files: tuple[FilePart, ...]) -> list[bytes]:
+    """The first HEAD_BYTES of every file part of a form read by router.multipart: the upload is
+    among them."""
+    return [body[part.start : part.start + min(part.size, HEAD_BYTES)] for part in files]
 
 
 def wav_bitrate(data: bytes) -> int | None:
