@@ -124,6 +124,47 @@ async def test_a_slow_trailer_gets_408_at_the_head_deadline_however_steadily_it_
     assert "trailer" in error["message"]
 
 
+async def test_a_trailer_trickled_a_whole_field_a_write_gets_408_at_the_head_deadline() -> None:
+    """Each write ends with a line end, as a size line with its data still to come would: the
+    fields still tell a trailer."""
+    async with serving(head_timeout_s=1.0, body_timeout_s=10.0) as server:
+        client = await Raw.open(server.port)
+        client.send(chunked_head("POST", "/up") + chunk(b"hello") + b"0\r\n")
+
+        async def trickle() -> None:
+            for i in range(1000):  # a field well inside every body stall timeout
+                await asyncio.sleep(0.1)
+                client.send(b"X-Slow-%d: v\r\n" % i)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            resp = await client.response()
+        finally:
+            trickling.cancel()
+        client.close()
+    assert resp.status == 408
+    assert "trailer" in orjson.loads(resp.body)["error"]["message"]
+
+
+async def test_a_chunks_data_after_its_size_line_has_the_bodys_time_not_the_heads(monkeypatch: Any) -> None:
+    """A size line with nothing after it may be a chunk's whose data is yet to come: the wait
+    is a body's (the stall timeout), not a trailer's."""
+    fed = FedBytes().install(monkeypatch)
+    async with serving(head_timeout_s=1.0, body_timeout_s=10.0) as server:
+        client = await Raw.open(server.port)
+        before = chunked_head("POST", "/up") + chunk(b"hel") + b"2\r\n"
+        client.send(before)
+        async with asyncio.timeout(10):
+            while fed.by_client[client.port] < len(before):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(2.0)  # past the head deadline, well inside the body's
+        client.send(b"lo\r\n" + LAST_CHUNK)
+        resp = await client.response()
+        client.close()
+    assert resp.status == 200
+    assert orjson.loads(resp.body)["body"] == "hello"
+
+
 async def test_a_trailer_held_back_by_a_slow_app_is_not_late() -> None:
     """Reading pauses while the app has not taken the body: the trailer's clock runs only while
     the server reads."""
