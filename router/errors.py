@@ -99,6 +99,11 @@ class MethodNotAllowed(ClientError):
     code = "method_not_allowed"
 
 
+class LengthRequired(ClientError):
+    status = 411
+    code = "length_required"
+
+
 class PayloadTooLarge(ClientError):
     status = 413
     code = "payload_too_large"

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from router.asgi import Receive, Scope, Send, send_json
-from tests.conftest import Stack
+from tests.conftest import Stack, router_stack
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import FedBytes, Raw, Response, ask, request, serving
 from tests.profiles import KEYS, MODEL
@@ -319,3 +319,24 @@ async def test_a_gzip_coded_body_is_refused_with_501_and_reaches_no_backend(stac
     assert resp.status == 501
     assert orjson.loads(resp.body)["error"]["code"] == "unsupported_transfer_coding"
     assert stack.forwarded() == 0
+
+
+async def test_a_chunked_request_on_another_asgi_server_is_refused_with_411_before_its_key_is_read() -> None:
+    """uvicorn's httptools protocol appends a trailer's fields to the head's, in the list the
+    app reads: under a server that is not its own, the router takes no chunked request."""
+    chat = chunked_head("POST", "/v1/chat/completions", "Content-Type: application/json") + chunk(CHAT)
+    keyed = chunked_head("POST", "/v1/chat/completions", bearer("user"), "Content-Type: application/json")
+    async with router_stack(on_uvicorn=True) as stack:
+        port = int(stack.url.rsplit(":", 1)[1])
+        key_in_trailer = await ask(port, chat + b"0\r\n" + f"{bearer('user')}\r\n\r\n".encode())
+        key_in_head = await ask(port, keyed + chunk(CHAT) + LAST_CHUNK)
+        async with stack.client() as client:
+            with_length = await client.post(
+                "/v1/chat/completions", content=CHAT, headers={"authorization": f"Bearer {KEYS['user']}"}
+            )
+        forwarded = stack.forwarded()
+    for resp in (key_in_trailer, key_in_head):
+        assert resp.status == 411
+        assert orjson.loads(resp.body)["error"]["code"] == "length_required"
+    assert with_length.status_code == 200
+    assert forwarded == 1
