@@ -14,8 +14,8 @@ from typing import Any, Final
 
 from router import admin
 from router.apiroutes import PROXIED, stored_route
-from router.asgi import Message, Receive, Send, send_bytes, send_json
-from router.errors import MethodNotAllowed, NotFound, RouterError, Unauthorized
+from router.asgi import Message, Receive, Send, body_writer, send_bytes, send_json
+from router.errors import LengthRequired, MethodNotAllowed, NotFound, RouterError, Unauthorized
 from router.metrics import CONTENT_TYPE
 from router.proxy.handler import handle
 from router.proxy.intake import ClientGone, Headers
@@ -91,6 +91,10 @@ ROUTES: Final[dict[bytes, dict[str, Route]]] = {
 }
 
 
+def _chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == b"transfer-encoding" for name, _ in headers)
+
+
 class LaneRouterApp:
     def __init__(self, state: RouterState, lifespan: Callable[[], Any] | None = None) -> None:
         self.state = state
@@ -108,6 +112,11 @@ class LaneRouterApp:
         # the server's to report: logged once, a 500 if nothing was sent yet, else the
         # connection is dropped (router/httpserver/dispatch.py).
         try:
+            if body_writer(scope) is None and _chunked(scope["headers"]):
+                # Another server may have put the trailer's fields among the head's (uvicorn's
+                # httptools protocol does), where the key and class are read from. The router's
+                # own reads the head alone (router/httpserver/reader.py).
+                raise LengthRequired("send the request body with a Content-Length, not in chunks")
             path = scope.get("raw_path") or scope["path"].encode()
             # The fixed routes looked up here, not in a call: they take every proxied request.
             methods = ROUTES.get(path) or _stored_methods(path)

@@ -105,6 +105,11 @@ class Conflict(ClientError):
     code = "conflict"
 
 
+class LengthRequired(ClientError):
+    status = 411
+    code = "length_required"
+
+
 class PayloadTooLarge(ClientError):
     status = 413
     code = "payload_too_large"

@@ -42,6 +42,7 @@ STOPPED: Final = 4  # the connection is ending
 
 _HTTP_11: Final = b" HTTP/1.1"
 _HTTP_10: Final = b" HTTP/1.0"
+_LF: Final = 0x0A
 
 # The methods' names, decoded once.
 _METHODS: Final = MappingProxyType(
@@ -78,6 +79,7 @@ class RequestReader(Watched):
         "_split",
         "_split_target",
         "_target",
+        "_trailer_begun",
         "closing",
         "date",
         "endpoints",
@@ -101,8 +103,11 @@ class RequestReader(Watched):
         # Whether the bytes being fed count against `max_head_bytes`: all but body data.
         self._counted = True
         # The read time of the size line a chunk began with while none of its data has come:
-        # the last chunk's trailer is being read (or, briefly, a chunk's data is yet to arrive).
+        # the last chunk's trailer is being read, or a chunk's data is yet to arrive.
         self._bare_since = INF
+        # A byte has come since that size line and was no data: it was the last chunk's, and
+        # its trailer has begun. Until then the wait may be for data, which has the body's time.
+        self._trailer_begun = False
         self._coded = False  # the head names a transfer coding
         self._headers: list[tuple[bytes, bytes]] = []
         self._target = b""
@@ -166,6 +171,11 @@ class RequestReader(Watched):
                 self._head_bytes += len(piece)
             try:
                 parser.feed_data(piece)
+                if self._counted and self._bare_since != INF and not self._trailer_begun:
+                    # A size line then bytes that made no data: a trailer. A read that ended
+                    # with a line end may have ended with the size line itself (a field
+                    # ending there is told by the parser only with the next byte).
+                    self._trailer_begun = piece[-1] != _LF
             except HttpParserUpgrade as up:
                 view = view[up.args[0] :]
                 if not self._upgraded():
@@ -186,7 +196,7 @@ class RequestReader(Watched):
     def _too_large(self) -> bytes:
         if self._phase != BODY:
             what = "the request head is too large"
-        elif self.in_trailer():
+        elif self._bare():  # bytes after a size line that made no data: the trailer's
             what = "the request trailer is too large"
         else:
             return client_error(self.date, 400, "a chunk size line is too long", "invalid_request")
@@ -214,7 +224,10 @@ class RequestReader(Watched):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._phase != HEAD:
-            return  # a trailer field (or the framing `_upgraded` primes a parser with): dropped
+            # A trailer field (or the framing `_upgraded` primes a parser with): dropped.
+            if self._bare_since != INF:
+                self._trailer_begun = True
+            return
         headers = self._headers
         if len(headers) >= self._config.max_headers:
             self._stop(431, "too many request headers", "too_many_headers")
@@ -268,6 +281,7 @@ class RequestReader(Watched):
         # What follows the size line is the chunk's data, or the trailer if it was the last.
         self._head_bytes = 0
         self._bare_since = self._last_read
+        self._trailer_begun = False
 
     def on_chunk_complete(self) -> None:
         # The next chunk's size line (or nothing: the message is complete) follows.
@@ -333,10 +347,15 @@ class RequestReader(Watched):
             self.transport.pause_reading()
         self._paused |= reason
 
-    def in_trailer(self) -> bool:
-        """Whether a chunk's size line was the last one read and none of its data has come: the
-        trailer of the last chunk is being read (or a chunk's data is about to arrive)."""
+    def _bare(self) -> bool:
+        """Whether a chunk's size line was the last one read and none of its data has come."""
         return self._counted and self._bare_since != INF
+
+    def in_trailer(self) -> bool:
+        """Whether the trailer of the last chunk is being read: bytes that made no data came
+        after its size line. A size line with nothing after it yet may be a chunk's whose data
+        is still to come: the wait is the body's until a byte tells."""
+        return self._trailer_begun and self._bare()
 
     def _resume(self, reason: int) -> None:
         if self._paused & reason:
@@ -344,7 +363,7 @@ class RequestReader(Watched):
             if not self._paused:
                 self.transport.resume_reading()
                 self._last_read = self.loop.time()
-                if self.in_trailer():  # its clock ran while the server did not read
+                if self._bare():  # its clock ran while the server did not read
                     self._bare_since = self._last_read
                 self.rearm()
 

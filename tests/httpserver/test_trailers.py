@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from router.asgi import Receive, Scope, Send, send_json
-from tests.conftest import Stack
+from tests.conftest import Stack, router_stack
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import FedBytes, Raw, Response, ask, request, serving
 from tests.profiles import KEYS, MODEL
@@ -122,6 +122,47 @@ async def test_a_slow_trailer_gets_408_at_the_head_deadline_however_steadily_it_
     error = orjson.loads(resp.body)["error"]
     assert error["code"] == "request_timeout"
     assert "trailer" in error["message"]
+
+
+async def test_a_trailer_trickled_a_whole_field_a_write_gets_408_at_the_head_deadline() -> None:
+    """Each write ends with a line end, as a size line with its data still to come would: the
+    fields still tell a trailer."""
+    async with serving(head_timeout_s=1.0, body_timeout_s=10.0) as server:
+        client = await Raw.open(server.port)
+        client.send(chunked_head("POST", "/up") + chunk(b"hello") + b"0\r\n")
+
+        async def trickle() -> None:
+            for i in range(1000):  # a field well inside every body stall timeout
+                await asyncio.sleep(0.1)
+                client.send(b"X-Slow-%d: v\r\n" % i)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            resp = await client.response()
+        finally:
+            trickling.cancel()
+        client.close()
+    assert resp.status == 408
+    assert "trailer" in orjson.loads(resp.body)["error"]["message"]
+
+
+async def test_a_chunks_data_after_its_size_line_has_the_bodys_time_not_the_heads(monkeypatch: Any) -> None:
+    """A size line with nothing after it may be a chunk's whose data is yet to come: the wait
+    is a body's (the stall timeout), not a trailer's."""
+    fed = FedBytes().install(monkeypatch)
+    async with serving(head_timeout_s=1.0, body_timeout_s=10.0) as server:
+        client = await Raw.open(server.port)
+        before = chunked_head("POST", "/up") + chunk(b"hel") + b"2\r\n"
+        client.send(before)
+        async with asyncio.timeout(10):
+            while fed.by_client[client.port] < len(before):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(2.0)  # past the head deadline, well inside the body's
+        client.send(b"lo\r\n" + LAST_CHUNK)
+        resp = await client.response()
+        client.close()
+    assert resp.status == 200
+    assert orjson.loads(resp.body)["body"] == "hello"
 
 
 async def test_a_trailer_held_back_by_a_slow_app_is_not_late() -> None:
@@ -278,3 +319,24 @@ async def test_a_gzip_coded_body_is_refused_with_501_and_reaches_no_backend(stac
     assert resp.status == 501
     assert orjson.loads(resp.body)["error"]["code"] == "unsupported_transfer_coding"
     assert stack.forwarded() == 0
+
+
+async def test_a_chunked_request_on_another_asgi_server_is_refused_with_411_before_its_key_is_read() -> None:
+    """uvicorn's httptools protocol appends a trailer's fields to the head's, in the list the
+    app reads: under a server that is not its own, the router takes no chunked request."""
+    chat = chunked_head("POST", "/v1/chat/completions", "Content-Type: application/json") + chunk(CHAT)
+    keyed = chunked_head("POST", "/v1/chat/completions", bearer("user"), "Content-Type: application/json")
+    async with router_stack(on_uvicorn=True) as stack:
+        port = int(stack.url.rsplit(":", 1)[1])
+        key_in_trailer = await ask(port, chat + b"0\r\n" + f"{bearer('user')}\r\n\r\n".encode())
+        key_in_head = await ask(port, keyed + chunk(CHAT) + LAST_CHUNK)
+        async with stack.client() as client:
+            with_length = await client.post(
+                "/v1/chat/completions", content=CHAT, headers={"authorization": f"Bearer {KEYS['user']}"}
+            )
+        forwarded = stack.forwarded()
+    for resp in (key_in_trailer, key_in_head):
+        assert resp.status == 411
+        assert orjson.loads(resp.body)["error"]["code"] == "length_required"
+    assert with_length.status_code == 200
+    assert forwarded == 1
