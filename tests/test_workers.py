@@ -1,6 +1,7 @@
 """`lane-router serve --workers 2` as a process tree: a reload of any kind reaches every worker,
 a worker that dies is restarted, SIGTERM lets a stream in progress finish before everything
-exits, a parent that dies takes its workers with it, and one scrape counts every worker."""
+exits and a second one ends it at once with the shutdown event, a parent that dies takes its
+workers with it, and one scrape counts every worker."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from router.workers import RESTART_MAX_S, RESTART_MIN_S, restart_delay
+from tests.processes import last_error, stream_stopped_twice
 from tests.profiles import auth
 from tests.scaleout import (
     RecordingBackend,
@@ -118,6 +120,28 @@ async def test_sigterm_lets_a_stream_in_progress_finish_then_everything_exits(
         assert resp.status_code == 200 and body.count("data: {") == 40 and body.endswith("data: [DONE]\n\n")
         assert await asyncio.wait_for(asyncio.to_thread(r.proc.wait), 30) == 0
         assert not any(alive(pid) for pid in workers)
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_sigterm_ends_a_stream_at_once_with_the_shutdown_event(
+    tmp_path: Path, backend: Backend
+) -> None:
+    # The stream would run 200 s, the grace period is a minute: only the second signal ends it.
+    recording, url = backend
+    recording.itl_s = 0.02
+    config = write_profile(tmp_path / "p.yaml", shaped(url))
+    async with router(config, workers=2, LANE_ROUTER_GRACEFUL_SHUTDOWN_S="60") as r:
+        await every_worker_ready(r, 2)
+        workers = r.workers()
+        async with r.client() as http:
+            status, body = await stream_stopped_twice(
+                http, chat(tokens=10_000), auth("user"), r.proc.pid, r.log
+            )
+        assert await asyncio.wait_for(asyncio.to_thread(r.proc.wait), 30) == 0
+        assert not any(alive(pid) for pid in workers)
+    assert status == 200
+    error = last_error(body)
+    assert (error["code"], error["type"]) == ("server_shutdown", "service_unavailable")
 
 
 async def test_workers_whose_parent_died_stop_by_themselves(tmp_path: Path, backend: Backend) -> None:
