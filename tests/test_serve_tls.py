@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -56,6 +57,23 @@ class TlsRouter:
             return str(writer.get_extra_info("ssl_object").getpeercert()["serialNumber"])
         finally:
             writer.close()
+
+    async def served_by(self) -> tuple[int, str]:
+        """On a new connection: the worker that serves it (its /admin/lanes report says), and the
+        serial of the certificate it was served."""
+        context = self.ca.client_context()
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=context)
+        try:
+            serial = str(writer.get_extra_info("ssl_object").getpeercert()["serialNumber"])
+            token = auth("ops")["authorization"]
+            writer.write(b"GET /admin/lanes HTTP/1.1\r\nHost: r\r\nAuthorization: %b\r\n" % token.encode())
+            writer.write(b"Connection: close\r\n\r\n")
+            answer = await reader.read()
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), answer[:300]
+        return int(json.loads(body)["worker"]), serial
 
     def rss_kb(self) -> int:
         """The router process's resident memory (its VmRSS)."""
@@ -233,6 +251,50 @@ async def test_every_worker_serves_tls_and_reloads_its_certificate(
             statuses = [(await http.get("/ready")).status_code for _ in range(8)]
     assert serials == {serial_of(renewed)}
     assert statuses == [200] * 8
+
+
+async def test_an_admin_reload_swaps_the_certificate_as_sighup_does(tmp_path: Path, backend_url: str) -> None:
+    async with tls_router(tmp_path, backend_url) as router:
+        renewed = router.ca.issue("127.0.0.1")
+        install(renewed, router.cert, router.key)
+        async with router.client() as http:
+            answer = await http.post("/admin/reload", headers=auth("ops"))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["tls"] == "reloaded"
+        assert await router.serial() == serial_of(renewed)
+
+        router.cert.write_text("not a certificate\n")
+        async with router.client() as http:
+            refused = await http.post("/admin/reload", headers=auth("ops"))
+        assert await router.serial() == serial_of(renewed)  # still served
+    assert refused.status_code == 422
+    body = refused.json()
+    assert body["error"]["code"] == "invalid_config" and body["tls"] == "refused"
+    assert body["error"]["message"].startswith("--tls-cert: ")
+
+
+@pytest.mark.parametrize("sockets", ["reuseport", "inherit"])
+async def test_an_admin_reload_gives_every_worker_the_new_certificate_before_it_is_answered(
+    tmp_path: Path, backend_url: str, sockets: str
+) -> None:
+    async with tls_router(tmp_path, backend_url, workers=2, LANE_ROUTER_WORKER_SOCKETS=sockets) as router:
+        await router.until_every_worker_ready(2)
+        renewed = router.ca.issue("127.0.0.1")
+        install(renewed, router.cert, router.key)
+        async with router.client() as http:
+            answer = await http.post("/admin/reload", headers=auth("ops"))
+        assert answer.status_code == 200, answer.text
+        said = [(w["worker"], w["result"], w["tls"]) for w in answer.json()["workers"]]
+        assert said == [(0, "reloaded", "reloaded"), (1, "reloaded", "reloaded")]
+        # New connections until both workers have served some (the kernel, or whichever worker
+        # accepts first, decides which): every handshake since the answer shows the new one.
+        served: dict[int, set[str]] = {0: set(), 1: set()}
+        for _ in range(200):
+            worker, serial = await router.served_by()
+            served[worker].add(serial)
+            if all(served.values()):
+                break
+    assert served == {0: {serial_of(renewed)}, 1: {serial_of(renewed)}}
 
 
 async def _served(router: TlsRouter, request: bool) -> bool:
