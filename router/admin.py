@@ -2,23 +2,36 @@
 
 A pool lists its backends in rotation, those joining it (found by discovery, awaiting their
 first healthy probe) and those draining (gone from it, finishing their requests); a discovery
-pool also shows what its name last answered."""
+pool also shows what its name last answered. Under a supervisor the report is the answering
+worker's, and says which worker that is.
+
+A reload re-reads the profile and the listener's TLS files, as SIGHUP does, in every process
+serving the port, and is answered once every one of them has said what it did."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from router.asgi import Message, Receive, Send, send_json
+from router.config.checks import ConfigIssue
 from router.errors import RouterError
 from router.proxy.intake import Headers
 from router.runtime import Backend, Pool, Runtime
-from router.state import RouterState
+from router.state import TLS_NONE, ReloadReport, RouterState
 
 
 class ReloadRefused(RouterError):
     status = 422
     type = "invalid_request_error"
     code = "invalid_config"
+
+
+class ReloadUnconfirmed(RouterError):
+    """A worker did not say what it did: it may serve the old files or the new."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "reload_unconfirmed"
 
 
 def lanes_report(runtime: Runtime) -> dict[str, Any]:
@@ -92,17 +105,45 @@ def _admin(state: RouterState, scope: Message) -> None:
 
 async def lanes(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
     _admin(state, scope)
-    await send_json(send, 200, lanes_report(state.runtime))
+    report = lanes_report(state.runtime)
+    if state.worker is not None:
+        report["worker"] = state.worker
+    await send_json(send, 200, report)
 
 
 async def reload(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
     _admin(state, scope)
-    outcome = await state.reload("admin request")
-    if not outcome.ok:
-        err = ReloadRefused(outcome.reason)
-        payload: dict[str, Any] = err.envelope()
-        payload["issues"] = [{"path": i.path, "message": i.message} for i in outcome.issues]
-        payload["profile"] = outcome.profile
-        await send_json(send, err.status, payload)
-        return
-    await send_json(send, 200, {"result": "reloaded", "profile": outcome.profile})
+    reports = await state.reload_everywhere("admin request")
+    status, payload = reload_answer(reports, state.worker)
+    await send_json(send, status, payload)
+
+
+def reload_answer(reports: list[ReloadReport], worker: int | None) -> tuple[int, dict[str, Any]]:
+    """The answer to a reload from every process's report (`worker`: the one answering, whose
+    profile the answer names). 200 when all reloaded; 422 when one refused a file, with that
+    refusal's reason and issues; 503 when one did not say."""
+    own = next((r for r in reports if r.worker == worker), reports[0])
+    payload: dict[str, Any] = {"result": "reloaded", "profile": own.outcome.profile}
+    status = 200
+    err = _reload_error(reports)
+    if err is not None:
+        error, issues = err
+        status = error.status
+        payload = {**error.envelope()}
+        payload["issues"] = [{"path": i.path, "message": i.message} for i in issues]
+        payload["profile"] = own.outcome.profile
+    if own.tls != TLS_NONE:
+        payload["tls"] = own.tls
+    if worker is not None:
+        payload["workers"] = [r.to_json() for r in reports]
+    return status, payload
+
+
+def _reload_error(reports: list[ReloadReport]) -> tuple[RouterError, tuple[ConfigIssue, ...]] | None:
+    for r in reports:
+        if r.answered and not r.ok:
+            return ReloadRefused(r.reason), r.outcome.issues
+    for r in reports:
+        if not r.answered:
+            return ReloadUnconfirmed(r.reason), ()
+    return None

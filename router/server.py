@@ -1,8 +1,8 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
 uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
-load scrapes, the profile-file watcher and SIGHUP reload, all started and stopped here. With
-`--workers N` this process supervises N workers (router/workers.py), each of which runs here with
-its worker side (router/workerlink.py)."""
+load scrapes, the profile-file watcher and SIGHUP reload (of the profile and the TLS files), all
+started and stopped here. With `--workers N` this process supervises N workers
+(router/workers.py), each of which runs here with its worker side (router/workerlink.py)."""
 
 from __future__ import annotations
 
@@ -73,20 +73,21 @@ def build_state(
     config_path: Path | None,
     bind_host: str = "127.0.0.1",
     observer: Observer | None = None,
+    tls: ServingTls | None = None,
 ) -> RouterState:
     metrics = Metrics()
     runtime = build_runtime(cfg, metrics, observer=observer)
-    return RouterState(runtime, metrics, config_path, bind_host=bind_host)
+    return RouterState(runtime, metrics, config_path, bind_host=bind_host, tls=tls)
 
 
 @contextlib.asynccontextmanager
 async def background(
-    state: RouterState, settings: Settings, worker: WorkerSide | None = None, tls: ServingTls | None = None
+    state: RouterState, settings: Settings, worker: WorkerSide | None = None
 ) -> AsyncIterator[None]:
     if worker is not None:
-        await worker.start()
-    if tls is not None:
-        tls.attach(state.metrics)
+        await worker.start(state.reload_files)
+    if state.tls is not None:
+        state.tls.attach(state.metrics)
     checker = HealthChecker(lambda: state.runtime, state.metrics)
     checker.start()
     # A backend discovery finds is probed at once, and joins the rotation once healthy.
@@ -94,29 +95,32 @@ async def background(
     discovery.start()
     scraper = LoadScraper(lambda: state.runtime)
     scraper.start()
-    tasks: list[asyncio.Task[None]] = []
+    tasks: set[asyncio.Task[Any]] = set()
     loop = asyncio.get_running_loop()
 
-    def on_sighup() -> None:
-        if tls is not None:
-            tls.reload()
-        if state.config_path is not None:
-            tasks.append(loop.create_task(_reload_and_probe(state, checker, SIGHUP_TRIGGER)))
+    def keep(task: asyncio.Task[Any]) -> None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
-    hangup = state.config_path is not None or tls is not None
+    def on_sighup() -> None:
+        # The checker follows the runtime a reload swaps in: it probes the new one at once.
+        keep(loop.create_task(state.reload_files(SIGHUP_TRIGGER)))
+
+    hangup = state.config_path is not None or state.tls is not None
     if hangup:
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
     if state.config_path is not None and settings.watch_config:
         watcher = ConfigWatcher(state, state.config_path, settings.watch_interval_s)
-        tasks.append(loop.create_task(watcher.run(), name="lane-router-config-watch"))
+        keep(loop.create_task(watcher.run(), name="lane-router-config-watch"))
     try:
         yield
     finally:
         if hangup:
             loop.remove_signal_handler(signal.SIGHUP)
-        for task in tasks:
+        running = list(tasks)
+        for task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         await scraper.stop()
         await discovery.stop()  # before the checker, whose first probes it starts
         await checker.stop()
@@ -126,14 +130,8 @@ async def background(
             await worker.stop()
 
 
-async def _reload_and_probe(state: RouterState, checker: HealthChecker, trigger: str) -> None:
-    outcome = await state.reload(trigger)
-    if outcome.ok:
-        checker.poke()
-
-
-def make_app(state: RouterState, settings: Settings, tls: ServingTls | None = None) -> LaneRouterApp:
-    return LaneRouterApp(state, lifespan=lambda: background(state, settings, tls=tls))
+def make_app(state: RouterState, settings: Settings) -> LaneRouterApp:
+    return LaneRouterApp(state, lifespan=lambda: background(state, settings))
 
 
 def server_config(settings: Settings, **overrides: Any) -> httpserver.ServerConfig:
@@ -202,11 +200,12 @@ def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: Serving
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
     if not settings.is_worker:
-        return make_app(build_state(cfg, path, settings.host, build_observer(settings)), settings, tls)
+        return make_app(build_state(cfg, path, settings.host, build_observer(settings), tls), settings)
     worker = WorkerSide.of(settings)
     runtime = build_runtime(cfg, worker.metrics, worker=worker.share, observer=build_observer(settings))
-    state = WorkerState(runtime, worker.metrics, path, bind_host=settings.host, link=worker.link)
-    app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker, tls))
+    host, link, index = settings.host, worker.link, worker.share.index
+    state = WorkerState(runtime, worker.metrics, path, bind_host=host, link=link, worker=index, tls=tls)
+    app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker))
     return MetricsApp(app, worker.peers)
 
 

@@ -14,19 +14,22 @@ README.md ("Several processes on one host") has the measurement that chose the d
 
 The parent starts the workers and restarts one that exits while it is not stopping, after a
 backoff (RESTART_MIN_S, doubling to RESTART_MAX_S; reset once a worker has run STABLE_S), with
-a log line saying how it ended. SIGHUP is forwarded to every worker (each reloads its profile).
-A worker that reloaded on `POST /admin/reload` asks, over its channel, for the others to reload
-too. SIGTERM or SIGINT is forwarded to every worker as SIGTERM — each stops accepting and
-finishes its requests within its grace period — and the parent exits once they all have; a
-second one is forwarded too (it ends the workers' grace at once), and a worker still running
-KILL_AFTER_S after its grace is killed. Workers run in their own session, so a terminal's ^C
-reaches them once, through the parent; a worker whose parent is gone (its channel closes) stops
-itself."""
+a log line saying how it ended. A reload goes one way to every worker, whether SIGHUP reached the
+parent or a worker asked for it (`POST /admin/reload`, over its channel): the parent asks each
+worker over its channel to re-read its files as on SIGHUP (its profile and its TLS files), and
+waits for each one's report (router/workerchannel.py); a worker that asked gets them all, to
+answer its request with. SIGTERM or SIGINT is forwarded to every worker as SIGTERM — each stops
+accepting and finishes its requests within its grace period — and the parent exits once they all
+have; a second one is forwarded too (it ends the workers' grace at once), and a worker still
+running KILL_AFTER_S after its grace is killed. Workers run in their own session, so a
+terminal's ^C reaches them once, through the parent; a worker whose parent is gone (its channel
+closes) stops itself."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -36,9 +39,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from router.httpserver.server import FLUSH_S, UNWIND_S
 from router.settings import Settings
+from router.workerchannel import ANSWER, ASK, RELOAD, RELOADED, REPORT_WAIT_S, ChannelError, Lines, message
 
 log = logging.getLogger("lane_router.workers")
 
@@ -46,7 +51,6 @@ RESTART_MIN_S = 0.5
 RESTART_MAX_S = 30.0
 STABLE_S = 30.0
 KILL_AFTER_S = 5.0
-RELOAD_MESSAGE = b"reload\n"
 
 
 @dataclass(eq=False)
@@ -94,10 +98,14 @@ class Supervisor:
         self._run_dir = run_dir
         self._workers = [_Worker(i) for i in range(settings.workers)]
         self._stopping = asyncio.Event()
+        self._reloads = itertools.count(1)
+        # A report each reload awaits, by worker and reload number.
+        self._reports: dict[tuple[int, int], asyncio.Future[dict[str, Any]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self._signal_all, signal.SIGHUP)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop)
         log.info(
@@ -120,6 +128,9 @@ class Supervisor:
         finally:
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         log.info("all workers stopped")
         return 0
 
@@ -131,11 +142,51 @@ class Supervisor:
             self._stopping.set()
         self._signal_all(signal.SIGTERM)
 
-    def _signal_all(self, sig: int, but: _Worker | None = None) -> None:
+    def _signal_all(self, sig: int) -> None:
         for w in self._workers:
-            if w is not but and w.proc is not None and w.proc.returncode is None:
+            if w.proc is not None and w.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.send_signal(sig)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_sighup(self) -> None:
+        self._spawn(self.reload_workers("SIGHUP"))
+
+    async def reload_workers(self, trigger: str) -> list[dict[str, Any]]:
+        """Ask every worker to re-read its files as on SIGHUP; each one's report, in order of
+        their numbers (router/state.py `ReloadReport.to_json`), once all have answered or
+        REPORT_WAIT_S has passed."""
+        number = next(self._reloads)
+        reports = await asyncio.gather(*(self._reload_one(w, number, trigger) for w in self._workers))
+        failed = [r for r in reports if r["result"] != "reloaded"]
+        said = "; ".join(f"worker {r['worker']} {r['result']}" for r in reports)
+        if failed:
+            log.warning("reload (%s): %s (%s)", trigger, said, "; ".join(r["reason"] for r in failed))
+        else:
+            log.info("reload (%s): %s", trigger, said)
+        return list(reports)
+
+    async def _reload_one(self, worker: _Worker, number: int, trigger: str) -> dict[str, Any]:
+        channel = worker.channel
+        if channel is None or worker.proc is None or worker.proc.returncode is not None:
+            return _missing(worker, "not running: it reads the files as it starts")
+        key = (worker.index, number)
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._reports[key] = answer
+        try:
+            await asyncio.get_running_loop().sock_sendall(channel, message(RELOAD, number, trigger))
+            async with asyncio.timeout(REPORT_WAIT_S):
+                return await answer
+        except OSError:
+            return _missing(worker, "its channel is closed")
+        except TimeoutError:
+            return _missing(worker, f"no report within {REPORT_WAIT_S:.0f} s")
+        finally:
+            self._reports.pop(key, None)
 
     async def _keep(self, worker: _Worker) -> None:
         """Run one worker until the parent stops, restarting it when it exits meanwhile."""
@@ -149,6 +200,8 @@ class Supervisor:
                 listening.cancel()
                 if worker.channel is not None:
                     worker.channel.close()
+                    worker.channel = None
+                self._gone(worker)
             if self._stopping.is_set():
                 return
             ran = time.monotonic() - worker.started
@@ -205,18 +258,44 @@ class Supervisor:
             env["LANE_ROUTER_ACCESS_LOG_FILE"] = s.access_log_file
         return env
 
+    def _gone(self, worker: _Worker) -> None:
+        """`worker` has exited: the reloads waiting for its report hear so now."""
+        for (index, _), answer in list(self._reports.items()):
+            if index == worker.index and not answer.done():
+                answer.set_result(_missing(worker, "exited"))
+
     async def _listen(self, worker: _Worker) -> None:
-        """Requests of one worker over its channel, until it closes."""
+        """Messages of one worker over its channel, until it closes."""
         channel = worker.channel
         assert channel is not None
         loop = asyncio.get_running_loop()
-        pending = b""
-        while data := await loop.sock_recv(channel, 256):
-            pending += data
-            while RELOAD_MESSAGE in pending:
-                pending = pending.replace(RELOAD_MESSAGE, b"", 1)
-                log.info("worker %d reloaded on request: reloading the others", worker.index)
-                self._signal_all(signal.SIGHUP, but=worker)
+        lines = Lines()
+        try:
+            while data := await loop.sock_recv(channel, 65536):
+                for kind, number, payload in lines.feed(data):
+                    if kind == RELOADED and isinstance(payload, dict):
+                        self._reported(worker, number, payload)
+                    elif kind == ASK:
+                        log.info("worker %d asks every worker to reload (%s)", worker.index, payload)
+                        self._spawn(self._answer(worker, channel, number, str(payload)))
+        except ChannelError as err:
+            log.error("worker %d: its channel is broken, no longer read: %s", worker.index, err)
+
+    def _reported(self, worker: _Worker, number: int, report: dict[str, Any]) -> None:
+        answer = self._reports.get((worker.index, number))
+        if answer is not None and not answer.done():
+            answer.set_result({**report, "worker": worker.index})
+
+    async def _answer(self, worker: _Worker, channel: socket.socket, number: int, trigger: str) -> None:
+        reports = await self.reload_workers(f"{trigger} on worker {worker.index}")
+        if worker.channel is channel:  # not restarted meanwhile: it still waits
+            with contextlib.suppress(OSError):
+                await asyncio.get_running_loop().sock_sendall(channel, message(ANSWER, number, reports))
+
+
+def _missing(worker: _Worker, reason: str) -> dict[str, Any]:
+    """The report of a worker that made none."""
+    return {"worker": worker.index, "result": "no_answer", "reason": f"worker {worker.index} {reason}"}
 
 
 def _ending(code: int) -> str:

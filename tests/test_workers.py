@@ -1,18 +1,22 @@
 """`lane-router serve --workers 2` as a process tree: a reload of any kind reaches every worker,
 a worker that dies is restarted, SIGTERM lets a stream in progress finish before everything
-exits, a parent that dies takes its workers with it, and one scrape counts every worker."""
+exits and a second one ends it at once with the shutdown event, a parent that dies takes its
+workers with it, and one scrape counts every worker."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from router.workerchannel import ANSWER, MAX_LINE, RELOADED, ChannelError, Lines, message
 from router.workers import RESTART_MAX_S, RESTART_MIN_S, restart_delay
+from tests.processes import last_error, stream_stopped_twice
 from tests.profiles import auth
 from tests.scaleout import (
     RecordingBackend,
@@ -67,13 +71,18 @@ async def test_every_kind_of_reload_reaches_every_worker(tmp_path: Path, backend
 
         async with r.client() as http:
             answer = await http.post("/admin/reload", headers=auth("ops"))
-        assert answer.status_code == 200
-        await until_reloads(r, 2)  # the worker that answered, and the other through the parent
+        assert answer.status_code == 200, answer.text
+        # Answered once every worker had reloaded: the one asked, and the other through the parent.
+        assert [(w["worker"], w["result"]) for w in answer.json()["workers"]] == [
+            (0, "reloaded"),
+            (1, "reloaded"),
+        ]
+        assert await reloads(r) == {"0": 2, "1": 2}
 
         data["lanes"]["chat"]["max_in_flight"] = 7
         write_profile(tmp_path / "p.yaml", data)  # each worker watches the file
         await until_reloads(r, 3)
-    assert "reloaded on request: reloading the others" in r.log.read_text()
+    assert re.search(r"worker [01] asks every worker to reload \(admin request\)", r.log.read_text())
 
 
 async def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
@@ -120,6 +129,28 @@ async def test_sigterm_lets_a_stream_in_progress_finish_then_everything_exits(
         assert not any(alive(pid) for pid in workers)
 
 
+@pytest.mark.timeout(120)
+async def test_a_second_sigterm_ends_a_stream_at_once_with_the_shutdown_event(
+    tmp_path: Path, backend: Backend
+) -> None:
+    # The stream would run 200 s, the grace period is a minute: only the second signal ends it.
+    recording, url = backend
+    recording.itl_s = 0.02
+    config = write_profile(tmp_path / "p.yaml", shaped(url))
+    async with router(config, workers=2, LANE_ROUTER_GRACEFUL_SHUTDOWN_S="60") as r:
+        await every_worker_ready(r, 2)
+        workers = r.workers()
+        async with r.client() as http:
+            status, body = await stream_stopped_twice(
+                http, chat(tokens=10_000), auth("user"), r.proc.pid, r.log
+            )
+        assert await asyncio.wait_for(asyncio.to_thread(r.proc.wait), 30) == 0
+        assert not any(alive(pid) for pid in workers)
+    assert status == 200
+    error = last_error(body)
+    assert (error["code"], error["type"]) == ("server_shutdown", "service_unavailable")
+
+
 async def test_workers_whose_parent_died_stop_by_themselves(tmp_path: Path, backend: Backend) -> None:
     _, url = backend
     config = write_profile(tmp_path / "p.yaml", shaped(url))
@@ -139,3 +170,15 @@ async def test_one_scrape_counts_every_worker_with_a_worker_label(tmp_path: Path
         samples = (await r.metrics())["lane_router_requests_total"]
     per_worker = {labels["worker"]: v for labels, v in samples if labels["status"] == "200"}
     assert set(per_worker) == {"0", "1"} and sum(per_worker.values()) == 40
+
+
+def test_channel_messages_are_read_whole_however_the_reads_cut_them() -> None:
+    sent = message(RELOADED, 7, {"worker": 1, "issues": ["a\nb"]}) + message(ANSWER, 8, [1, 2])
+    for cut in range(len(sent) + 1):
+        lines = Lines()
+        read = [*lines.feed(sent[:cut]), *lines.feed(sent[cut:])]
+        assert read == [(RELOADED, 7, {"worker": 1, "issues": ["a\nb"]}), (ANSWER, 8, [1, 2])]
+    with pytest.raises(ChannelError):
+        list(Lines().feed(b"reload x {}\n"))
+    with pytest.raises(ChannelError):
+        list(Lines().feed(b"x" * (MAX_LINE + 1)))

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from httptools import HttpRequestParser
+
 from router.httpserver.deadlines import INF
 from router.httpserver.dispatch import run_app
 from router.httpserver.exchange import Exchange
@@ -33,6 +35,8 @@ CLOSE_FLUSH_S: Final = 30.0
 # to this long (clients write the whole body before they read), then the connection closes.
 DRAIN_S: Final = 10.0
 TASK_NAME: Final = "lane-router-request"
+# What a lost connection's parser calls back: nothing (the parser it had calls the connection).
+_NOBODY: Final = object()
 
 
 class Connection(RequestReader):
@@ -106,7 +110,11 @@ class Connection(RequestReader):
             if ex is not None:
                 ex.gone()
         self._queue.clear()
-        self._parsing = None
+        # The parser holds the connection's callbacks, and every exchange the connection: cycles
+        # that would keep the connection, and its transport with a TLS connection's buffers,
+        # until the cyclic collector runs.
+        self._parsing = self._latest = None
+        self._parser = HttpRequestParser(_NOBODY)
         self.write_paused = False
         self._writable.clear()  # the client is gone: nobody waits to write to it
         self._wake_writer()

@@ -62,11 +62,12 @@ class ServerContext:
         if settled is not None and not settled.done():
             settled.set_result(None)
 
-    async def settle(self, which: set[Any], timeout: float) -> None:
-        """Wait up to `timeout` for `which` (one of the two sets) to empty, or for `hurry`."""
+    async def settle(self, which: set[Any], timeout: float, hurried: bool = True) -> None:
+        """Wait up to `timeout` for `which` (one of the two sets) to empty, or, if `hurried`,
+        for `hurry`."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while which and not self._hurried:
+                while which and not (hurried and self._hurried):
                     self._settled = asyncio.get_running_loop().create_future()
                     try:
                         await self._settled

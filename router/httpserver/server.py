@@ -106,8 +106,10 @@ class HttpServer:
                 for ex in list(ctx.running):
                     if ex.task is not None:
                         ex.task.cancel()
-                await ctx.settle(ctx.running, UNWIND_S)
-            await ctx.settle(ctx.connections, FLUSH_S)
+                # A hurried stop still lets the cancelled apps end their responses and the
+                # connections deliver those ends (bounded): hurry skips the grace, not the framing.
+                await ctx.settle(ctx.running, UNWIND_S, hurried=False)
+            await ctx.settle(ctx.connections, FLUSH_S, hurried=False)
             for conn in list(ctx.connections):
                 conn.abort()
             if self._listener is not None:

@@ -7,7 +7,12 @@ so a context swapped in (a reloaded certificate) serves the next connections whi
 theirs. The `Connection` is made only once the handshake completed. A failed one is closed and
 reported once, with a reason from a fixed few, to `on_failure` — never per byte or record. A
 client that never finishes its handshake is closed at `head_timeout_s`, as one that never
-finishes its head would be, and handshakes in progress count against `max_connections`."""
+finishes its head would be, and handshakes in progress count against `max_connections`.
+
+What TLS connections take from the C heap stays in the process once they have ended (see
+router/httpserver/heap.py): once TRIM_AFTER of them have ended since the last time, the listener
+gives the free memory back, at most every TRIM_EVERY_S, so a burst of connections (or of
+handshakes cut at the deadline) leaves the process's memory where it was, whatever the burst."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import socket
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from router.httpserver.heap import release_free_memory
 
 if TYPE_CHECKING:
     from router.httpserver.connection import Connection
@@ -33,6 +40,12 @@ BAD_CLIENT_CERTIFICATE = "bad_client_certificate"
 PROTOCOL = "protocol_mismatch"
 CLOSED = "closed_during_handshake"
 FAILED = "handshake_failed"
+
+# Free memory goes back to the system once this many TLS connections have ended since the last
+# time (tens of MB for a few hundred connections; a few stay in the heap's free lists), checked
+# every TRIM_EVERY_S (a release takes milliseconds).
+TRIM_AFTER = 64
+TRIM_EVERY_S = 1.0
 
 _PROTOCOL_REASONS = frozenset(
     {
@@ -90,7 +103,18 @@ class TlsListener:
     """Accepts on `sockets` until closed; each accepted socket's handshake runs in a task of its
     own. Has what the server uses of an `asyncio.Server`: `sockets`, `close`, `wait_closed`."""
 
-    __slots__ = ("_accepting", "_ctx", "_loop", "_make", "handshakes", "sockets", "tls")
+    __slots__ = (
+        "_accepted",
+        "_accepting",
+        "_ctx",
+        "_loop",
+        "_make",
+        "_released_at",
+        "_trimming",
+        "handshakes",
+        "sockets",
+        "tls",
+    )
 
     def __init__(
         self,
@@ -106,10 +130,13 @@ class TlsListener:
         self._loop = loop
         self._make = make_connection
         self.handshakes: set[asyncio.Task[None]] = set()
+        self._accepted = 0  # sockets handed to a handshake
+        self._released_at = 0  # how many connections had ended at the last release
         for sock in sockets:
             sock.setblocking(False)
             sock.listen(ctx.config.backlog)  # one already listening (a worker's) takes the backlog
         self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
+        self._trimming = loop.create_task(self._trim())
 
     def _full(self) -> bool:
         ctx = self._ctx
@@ -129,31 +156,60 @@ class TlsListener:
                 sock.close()
                 continue
             task = loop.create_task(self._handshake(sock))
+            self._accepted += 1
             self.handshakes.add(task)
             task.add_done_callback(self.handshakes.discard)
 
     async def _handshake(self, sock: socket.socket) -> None:
         """The event loop's TLS owns `sock` from here: it closes it whatever ends the handshake."""
         timeout = self._ctx.config.head_timeout_s
+        made: list[Connection] = []
+
+        def make() -> Connection:
+            conn = self._make()
+            made.append(conn)
+            return conn
+
         try:
             async with asyncio.timeout(timeout):
                 # The loop's own limit only backs ours up.
                 await self._loop.connect_accepted_socket(
-                    self._make, sock, ssl=self.tls.context, ssl_handshake_timeout=timeout + 1
+                    make, sock, ssl=self.tls.context, ssl_handshake_timeout=timeout + 1
                 )
         except Exception as exc:  # whatever ended it, it is reported once
             self.tls.failed(failure_reason(exc))
+            # The loop made the connection before the handshake and tells it nothing when the
+            # handshake fails: told here, it lets go of what refers back to it, and goes by its
+            # reference count rather than waiting for the cyclic collector.
+            for conn in made:
+                if conn.transport is None:  # never made: the loop will not tell it
+                    conn.connection_lost(exc)
+
+    @property
+    def ended(self) -> int:
+        """TLS connections accepted that have ended (in their handshake or after it)."""
+        return self._accepted - len(self.handshakes) - len(self._ctx.connections)
+
+    async def _trim(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_EVERY_S)
+            ended = self.ended
+            if ended - self._released_at >= TRIM_AFTER:
+                self._released_at = ended
+                # In a thread: the loop goes on meanwhile (but for its own allocations from the
+                # C heap, which wait for the arena being trimmed).
+                await asyncio.to_thread(release_free_memory)
 
     def close(self) -> None:
         """Stop accepting and end the handshakes in progress; the sockets close."""
-        for task in (*self._accepting, *self.handshakes):
+        for task in (*self._accepting, *self.handshakes, self._trimming):
             task.cancel()
         for sock in self.sockets:
             with contextlib.suppress(OSError):
                 sock.close()
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(*self._accepting, *self.handshakes, return_exceptions=True)
+        await asyncio.gather(*self._accepting, *self.handshakes, self._trimming, return_exceptions=True)
 
 
 def listening_socket(host: str | None, port: int, backlog: int) -> socket.socket:

@@ -56,8 +56,8 @@ class ServingTls:
         mtls = f", client certificates signed by {client_ca}" if client_ca is not None else ""
         return f"TLS with {cert} (sha256 {self._digest[:12]}){mtls}"
 
-    def reload(self) -> bool:
-        """Re-read the files; False (the old context still serving) when they cannot be used."""
+    def reload(self) -> str:
+        """Re-read the files; why they cannot be used (the old context still serving), or ""."""
         cert, key, client_ca = self._files
         try:
             context = server_context(cert, key, client_ca, roles=ROLES)
@@ -65,13 +65,13 @@ class ServingTls:
         except ValueError as err:
             log.error("TLS reload refused, the previous certificate keeps serving: %s", err)
             self._count_reload("refused")
-            return False
+            return str(err)
         self.termination.context = context
         changed = "changed" if digest != self._digest else "unchanged"
         self._digest = digest
         log.info("TLS certificate reloaded (%s): %s", changed, self.describe())
         self._count_reload("ok")
-        return True
+        return ""
 
     def _files_digest(self) -> str:
         return files_digest(tuple(path for path in self._files if path is not None))

@@ -1,6 +1,6 @@
 """`python -m router serve` as its own process on the router's HTTP server: its memory after
 oversized heads, and SIGTERM ending an open stream with the router's shutdown event, whatever
-the stream was waiting for."""
+the stream was waiting for, and at once on a second SIGTERM."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import yaml
 
 from tests.fakebackend import Behaviour, FakeBackend
 from tests.httpserver.raw import Raw, request
+from tests.processes import last_error, stream_stopped_twice
 from tests.profiles import KEYS, MODEL, auth, profile
 from tests.servers import free_port, server_group
 
@@ -168,6 +170,27 @@ async def test_sigterm_ends_an_open_stream_with_the_shutdown_event_and_exits_cle
     error = orjson.loads(last_event.split(b"\n\n")[0])["error"]
     assert error["code"] == "server_shutdown"
     assert error["type"] == "service_unavailable"
+    assert code == 0, log
+    assert "Traceback" not in log, log
+
+
+@pytest.mark.timeout(60)
+async def test_a_second_sigterm_ends_an_open_stream_at_once_with_the_shutdown_event(tmp_path: Path) -> None:
+    # The stream would run 200 s, the grace period is a minute: only the second signal ends it.
+    backend = FakeBackend(Behaviour(tokens=10_000, itl_s=0.02))
+    async with server_group() as group:
+        backend_url = await group.start(backend)
+        async with (
+            router_process(tmp_path, [backend_url], "/ready", graceful_shutdown_s="60") as router,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{router.port}", timeout=30) as http,
+        ):
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            status, body = await stream_stopped_twice(http, chat, auth("user"), router.proc.pid, router.log)
+            code = await asyncio.wait_for(router.proc.wait(), 20)
+    log = router.log.read_text()
+    assert status == 200
+    error = last_error(body)
+    assert (error["code"], error["type"]) == ("server_shutdown", "service_unavailable")
     assert code == 0, log
     assert "Traceback" not in log, log
 

@@ -1,11 +1,13 @@
 """TLS termination (router/httpserver/tls.py): handshakes under the head deadline, failures
-reported once with their reason, client certificates, and a context swapped for new
-connections. Real TLS clients and plain sockets on loopback."""
+reported once with their reason, client certificates, a context swapped for new connections,
+and ended connections freed by their reference counts. Real TLS clients and plain sockets on
+loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -154,3 +156,33 @@ async def test_a_swapped_context_serves_new_connections_and_open_ones_keep_their
         kept.close()
     assert serial == serial_of(second)
     assert again["path"] == "/after"
+
+
+async def test_an_ended_tls_connection_leaves_no_cycle_of_the_servers_objects(ca: TestCA) -> None:
+    """A connection goes when it ends, by its reference count, and with it its transport and the
+    TLS state and buffers the transport holds: a cycle would keep them all until the cyclic
+    collector runs, which after a burst of connections is hundreds of MB later."""
+    failures = Failures()
+    async with tls_server(_termination(ca.issue("127.0.0.1"), failures), head_timeout_s=0.5) as server:
+        await _get(server.port, ca.client_context())  # first-use objects are made here
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept to be read
+        try:
+            await _get(server.port, ca.client_context())  # served, then closed by the client
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"\x16\x03\x01\x02\x00\x01")  # a ClientHello never finished
+            async with asyncio.timeout(5):
+                assert await reader.read() == b""  # cut at the deadline
+            writer.close()
+            assert await failures.wait_for(1) == [TIMEOUT]
+            async with asyncio.timeout(5):
+                while server.open_connections:  # the served one's end reaches the server
+                    await asyncio.sleep(0.01)
+            gc.collect()
+            found = sorted(
+                {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("router.")}
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert found == []
