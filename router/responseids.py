@@ -114,10 +114,15 @@ class ResponseIds:
         known = response_id in self._ids
         shared = self.shared
         if shared is not None:
-            claimed = await self._claim(shared, response_id, holder, known)
+            try:
+                claimed = await self._claim(shared, response_id, holder, known)
+            except SharedStateDown:
+                # Unanswered is not unwritten: Redis may run the claim once it resumes.
+                self._publish(shared, response_id, b"", (holder,), until_done=True)
+                raise
             if claimed and response_id in self._ids:
                 # Bound here while Redis answered: Redis's claim is not to stay.
-                self._publish(shared, response_id, b"", (holder,))
+                self._publish(shared, response_id, b"", (holder,), until_done=True)
             known = known or not claimed or response_id in self._ids
         if known:
             return False
@@ -146,7 +151,8 @@ class ResponseIds:
         if found is not None and found[1] == claim:
             del self._ids[response_id]
         if self.shared is not None:
-            self._publish(self.shared, response_id, b"", (claim,))
+            # Lost, it would keep the id from everyone for the TTL: done however long Redis is out.
+            self._publish(self.shared, response_id, b"", (claim,), until_done=True)
 
     async def recall(self, response_id: str, key: str) -> Holder | None:
         """The holder of `response_id` if `key` owns it, else None."""
@@ -194,7 +200,12 @@ class ResponseIds:
         return max(1, round(self.config.ttl_s * 1000))
 
     def _publish(
-        self, shared: SharedState, response_id: str, value: bytes, replaces: tuple[Holder, ...]
+        self,
+        shared: SharedState,
+        response_id: str,
+        value: bytes,
+        replaces: tuple[Holder, ...],
+        until_done: bool = False,
     ) -> None:
         key = shared.key("resp", response_id)
         args: list[Any] = [value, self._ttl_ms(), *(h.encode() for h in replaces)]
@@ -203,7 +214,10 @@ class ResponseIds:
         async def call(client: Redis) -> object:
             return await script([key], args, client)
 
-        shared.spawn("response_store", call)
+        if until_done:
+            shared.spawn_until_done("response_store", call, self.config.ttl_s)
+        else:
+            shared.spawn("response_store", call)
 
     async def _claim(self, shared: SharedState, response_id: str, holder: Holder, known: bool) -> bool:
         key = shared.key("resp", response_id)

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from router.config.models import RequestClass, ResponseIdsConfig, StateConfig
 from router.metrics import Metrics
 from router.responseids import Holder, ResponseIds
-from router.sharedstate import SharedState
+from router.sharedstate import SharedState, SharedStateDown
 from tests.redisserver import RedisServer, redis_server
 
 HOLDER = Holder("web", "interactive", "http://10.0.0.1:8000", RequestClass.CHAT, 120)
@@ -135,3 +137,55 @@ async def test_a_claim_is_one_replicas_and_a_binding_never_takes_another_replica
     finally:
         for state in states:
             await state.release()
+
+
+async def _absent(redis: RedisServer, key: str, within_s: float) -> bool:
+    """Whether `key` is (or comes to be, within `within_s`) absent from Redis."""
+    client = redis.client()
+    try:
+        async with asyncio.timeout(within_s):
+            while await client.exists(key):
+                await asyncio.sleep(0.02)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        await client.aclose()
+
+
+async def _stalled(redis: RedisServer) -> None:
+    """Return once Redis stops answering (a PING waits past its timeout)."""
+    async with asyncio.timeout(10):
+        while True:
+            probe = Redis.from_url(redis.url, socket_timeout=0.1)
+            try:
+                await probe.ping()
+            except RedisTimeoutError:
+                return
+            finally:
+                await probe.aclose()
+
+
+async def test_a_claim_redis_answered_too_late_is_given_back_once_redis_answers(
+    redis: RedisServer,
+) -> None:
+    cfg = StateConfig(redis_url=redis.url, timeout_s=0.3, recheck_s=0.2)
+    state = SharedState(cfg, redis.url, Metrics())
+    admin = Redis.from_url(redis.url, socket_timeout=30)
+    try:
+        ids = ResponseIds(ResponseIdsConfig(ttl_s=60), state)
+        claim = Holder("web", "interactive", "", RequestClass.CHAT, 0)
+        assert await ids.claim("resp_before", claim)  # a connection open, the script loaded
+        # Redis stalls: the claim goes out, is given up after the timeout, and is run when Redis
+        # resumes.
+        stall = asyncio.ensure_future(admin.execute_command("DEBUG", "SLEEP", 5))
+        await _stalled(redis)
+        with pytest.raises(SharedStateDown):
+            await ids.claim("resp_stalled", claim)
+        await stall
+        # Whatever Redis made of it, the id is not left claimed by a request that was refused.
+        assert await _absent(redis, "lane-router:resp:resp_stalled", within_s=10)
+        assert await ids.claim("resp_stalled", claim)
+    finally:
+        await admin.aclose()
+        await state.release()
