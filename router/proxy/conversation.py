@@ -172,7 +172,11 @@ class Turn:
         self._responses.bind(response_id, counted, (holder, *self._replaces(response_id)))
 
 
-_USAGE_COUNTS: Final = re.compile(rb'"(input_tokens|output_tokens)"\s*:\s*(\d{1,12})')
+# A count is a plain integer of at most 12 digits; anything else after the colon (an exponent, a
+# fraction, a longer number) is no count, so that no prefix of a larger one is taken for it.
+_USAGE_COUNTS: Final = re.compile(
+    rb'"(input_tokens|output_tokens)"\s*:\s*(?:(\d{1,12})(?![0-9.eE])|-?[0-9."])'
+)
 
 
 def conversation_tokens(tail: bytes) -> int | None:
@@ -182,12 +186,13 @@ def conversation_tokens(tail: bytes) -> int | None:
     at = usage_at(tail)
     if at < 0:
         return None
-    counts: dict[bytes, int] = {}
+    counts: dict[bytes, int | None] = {}
     for found in _USAGE_COUNTS.finditer(tail, at):
-        counts.setdefault(found[1], int(found[2]))
-    if len(counts) < 2:
+        counts.setdefault(found[1], int(found[2]) if found[2] is not None else None)
+    inputs, outputs = counts.get(b"input_tokens"), counts.get(b"output_tokens")
+    if inputs is None or outputs is None:
         return None
-    return counts[b"input_tokens"] + counts[b"output_tokens"]
+    return inputs + outputs
 
 
 @dataclass(frozen=True, slots=True)

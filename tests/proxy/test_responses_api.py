@@ -15,6 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.backendhealth import Health
+from router.proxy.conversation import conversation_tokens
 from router.tokens import NO_MEDIA
 from tests.conftest import Stack
 from tests.fakebackend import Seen
@@ -358,3 +359,13 @@ async def test_a_named_response_id_needs_shared_state_when_several_routers_serve
         assert (named.status_code, named.json()["error"]["code"]) == (400, "request_id_unsupported")
         assert stack.forwarded() == 0
         assert (await namer.post("/v1/responses", json={"model": MODEL, "input": "x"})).status_code == 200
+
+
+def test_a_usage_count_that_is_not_a_plain_integer_is_no_count() -> None:
+    """A count the router would read only a prefix of (an exponent, a fraction, more digits than
+    it reads) would make the conversation smaller than the backend said: none is taken, and the
+    turn's bounds stand."""
+    assert conversation_tokens(b'"usage":{"input_tokens":120,"output_tokens":30}}') == 150
+    for odd in (b"1e9", b"12.5", b"-3", b'"7"', b"null", b"1234567890123"):
+        tail = b'"usage":{"input_tokens":' + odd + b',"output_tokens":30}}'
+        assert conversation_tokens(tail) is None, odd
