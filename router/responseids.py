@@ -116,8 +116,9 @@ class ResponseIds:
         if shared is not None:
             try:
                 claimed = await self._claim(shared, response_id, holder, known)
-            except SharedStateDown:
-                # Unanswered is not unwritten: Redis may run the claim once it resumes.
+            except BaseException:
+                # Unanswered is not unwritten (a timeout, or the request gone meanwhile): Redis
+                # may run the claim once it resumes.
                 self._publish(shared, response_id, b"", (holder,), until_done=True)
                 raise
             if claimed and response_id in self._ids:

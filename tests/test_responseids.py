@@ -5,6 +5,7 @@ they name)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -189,3 +190,71 @@ async def test_a_claim_redis_answered_too_late_is_given_back_once_redis_answers(
     finally:
         await admin.aclose()
         await state.release()
+
+
+class Tap:
+    """A loopback forwarder in front of Redis that tells when a client's bytes holding `word`
+    have passed it (so a test knows a command went out)."""
+
+    def __init__(self, port: int, word: bytes) -> None:
+        self._port, self._word = port, word
+        self.seen = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watch: bool) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+                if watch and self._word in chunk:
+                    self.seen.set()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        for task in (
+            asyncio.ensure_future(self._pipe(reader, up_writer, True)),
+            asyncio.ensure_future(self._pipe(up_reader, writer, False)),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        try:
+            yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+        finally:
+            server.close()
+            for task in list(self._tasks):
+                task.cancel()
+
+
+async def test_a_claim_whose_request_went_away_while_redis_stalled_is_given_back(
+    redis: RedisServer,
+) -> None:
+    tap = Tap(redis.port, b"resp_gone")
+    admin = Redis.from_url(redis.url, socket_timeout=30)
+    async with tap.serving() as url:
+        state = SharedState(StateConfig(redis_url=url, timeout_s=8.0, recheck_s=0.2), url, Metrics())
+        try:
+            ids = ResponseIds(ResponseIdsConfig(ttl_s=60), state)
+            claim = Holder("web", "interactive", "", RequestClass.CHAT, 0)
+            assert await ids.claim("resp_before", claim)  # a connection open, the script loaded
+            stall = asyncio.ensure_future(admin.execute_command("DEBUG", "SLEEP", 3))
+            await _stalled(redis)
+            # The claim goes out to the stalled Redis; its request is cancelled while it waits.
+            claiming = asyncio.ensure_future(ids.claim("resp_gone", claim))
+            async with asyncio.timeout(10):
+                await tap.seen.wait()
+            claiming.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await claiming
+            await stall
+            assert await _absent(redis, "lane-router:resp:resp_gone", within_s=10)
+        finally:
+            await admin.aclose()
+            await state.release()
