@@ -76,6 +76,25 @@ async def test_an_id_stays_with_its_first_owner() -> None:
     assert await ids.recall("resp_b", "web") == HOLDER
 
 
+async def test_a_claim_is_not_pushed_out_by_the_cap() -> None:
+    """A claim lasts as long as its request: were it dropped with the oldest ids, another key
+    could claim the id while the first request's response is still being made under it."""
+    ids = ResponseIds(ResponseIdsConfig(ttl_s=100, max_entries=16))
+    claim = Holder("web", "interactive", "", RequestClass.CHAT, 0)
+    assert await ids.claim("resp_inflight", claim)
+    for i in range(20):
+        assert ids.bind(f"resp_{i}", HOLDER)
+    assert len(ids) == 17  # the cap's 16, and the claim
+    theirs = Holder("other", "interactive", "", RequestClass.CHAT, 0)
+    assert not await ids.claim("resp_inflight", theirs)
+    assert not ids.bind("resp_inflight", HOLDER)
+    assert ids.bind("resp_inflight", HOLDER, (claim,))
+    assert await ids.recall("resp_inflight", "web") == HOLDER
+    assert await ids.claim("resp_other", claim)
+    ids.release("resp_other", claim)
+    assert len(ids) == 16 and await ids.claim("resp_other", theirs)
+
+
 def test_a_holder_survives_its_encoding_and_garbage_is_no_holder() -> None:
     assert Holder.decode(HOLDER.encode()) == HOLDER
     assert Holder.decode(b"[1,2]") is None
