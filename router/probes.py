@@ -97,6 +97,25 @@ class ProbeClient:
         extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
         return await get_capped(client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions)
 
+    async def status(
+        self, tls: UpstreamTls | None, url: str, *, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> int | None:
+        """The status of a GET, its body left unread; None when it failed or took longer than
+        `timeout`."""
+        await self._close_retired()
+        client = self._client(tls)
+        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        try:
+            async with asyncio.timeout(timeout):
+                request_headers = {**_IDENTITY, **(headers or {})}
+                stream = client.stream(
+                    "GET", url, headers=request_headers, timeout=timeout, extensions=extensions
+                )
+                async with stream as resp:
+                    return resp.status_code
+        except (httpx.HTTPError, TimeoutError):
+            return None
+
     def _client(self, tls: UpstreamTls | None) -> httpx.AsyncClient:
         client = self._clients.get(tls)
         if client is not None:

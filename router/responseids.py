@@ -13,7 +13,8 @@ names its response's id itself (vLLM's `request_id`) first *claims* it — a pen
 backend yet — and is refused if the id is known; the claim becomes the binding when the
 response passes, or is released when none did.
 
-Each router process keeps at most `max_entries` ids for `ttl_s` (oldest dropped first). With
+Each router process keeps at most `max_entries` ids for `ttl_s` (oldest dropped first), and
+besides them the claims of the requests under way (a claim lasts as long as its request). With
 `state:` each id is also written to Redis with the same TTL, so another replica finds it: writes
 of bindings run in the background (one script that replaces only what it names, so replicas
 never take each other's ids), a claim waits for Redis (set if absent, atomically), and a lookup
@@ -101,27 +102,39 @@ class ResponseIds:
         self._clock = clock
         # Every entry lives ttl_s from its first binding, so insertion order is expiry order.
         self._ids: OrderedDict[str, tuple[float, Holder]] = OrderedDict()
+        # Claims, apart: each lasts as long as its request (which binds or releases it), so
+        # neither the cap nor the TTL may drop one while its response is being made.
+        self._claims: dict[str, Holder] = {}
         self._scripts: tuple[SharedState, Script, Script] | None = None  # replace, claim
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._ids) + len(self._claims)
+
+    def _known(self, response_id: str) -> bool:
+        return response_id in self._ids or response_id in self._claims
 
     async def claim(self, response_id: str, holder: Holder) -> bool:
         """Take `response_id` for `holder` (a pending one) if no one has it: False when it is
         known here or, with shared state, to any replica. `SharedStateDown` when Redis cannot
         say."""
         self._expire(self._clock())
-        known = response_id in self._ids
+        known = self._known(response_id)
         shared = self.shared
         if shared is not None:
-            claimed = await self._claim(shared, response_id, holder, known)
-            if claimed and response_id in self._ids:
-                # Bound here while Redis answered: Redis's claim is not to stay.
-                self._publish(shared, response_id, b"", (holder,))
-            known = known or not claimed or response_id in self._ids
+            try:
+                claimed = await self._claim(shared, response_id, holder, known)
+            except BaseException:
+                # Unanswered is not unwritten (a timeout, or the request gone meanwhile): Redis
+                # may run the claim once it resumes.
+                self._publish(shared, response_id, b"", (holder,), until_done=True)
+                raise
+            if claimed and self._known(response_id):
+                # Bound or claimed here while Redis answered: Redis's claim is not to stay.
+                self._publish(shared, response_id, b"", (holder,), until_done=True)
+            known = known or not claimed or self._known(response_id)
         if known:
             return False
-        self._put(response_id, holder)
+        self._claims[response_id] = holder
         return True
 
     def bind(self, response_id: str, holder: Holder, replaces: tuple[Holder, ...] = ()) -> bool:
@@ -130,7 +143,13 @@ class ResponseIds:
         now = self._clock()
         self._expire(now)
         found = self._ids.get(response_id)
-        if found is None:
+        claim = self._claims.get(response_id)
+        if claim is not None:
+            if claim not in replaces:
+                return False
+            del self._claims[response_id]
+            self._put(response_id, holder)
+        elif found is None:
             self._put(response_id, holder)
         elif found[1] in replaces:
             self._ids[response_id] = (found[0], holder)  # in place: its expiry stays its place
@@ -142,17 +161,17 @@ class ResponseIds:
 
     def release(self, response_id: str, claim: Holder) -> None:
         """Give back a claim no response was bound to (if it is still that claim)."""
-        found = self._ids.get(response_id)
-        if found is not None and found[1] == claim:
-            del self._ids[response_id]
+        if self._claims.get(response_id) == claim:
+            del self._claims[response_id]
         if self.shared is not None:
-            self._publish(self.shared, response_id, b"", (claim,))
+            # Lost, it would keep the id from everyone for the TTL: done however long Redis is out.
+            self._publish(self.shared, response_id, b"", (claim,), until_done=True)
 
     async def recall(self, response_id: str, key: str) -> Holder | None:
         """The holder of `response_id` if `key` owns it, else None."""
         self._expire(self._clock())
         found = self._ids.get(response_id)
-        held = found[1] if found is not None else None
+        held = found[1] if found is not None else self._claims.get(response_id)
         if held is not None and held.key == key:
             return held
         if self.shared is None:
@@ -194,7 +213,12 @@ class ResponseIds:
         return max(1, round(self.config.ttl_s * 1000))
 
     def _publish(
-        self, shared: SharedState, response_id: str, value: bytes, replaces: tuple[Holder, ...]
+        self,
+        shared: SharedState,
+        response_id: str,
+        value: bytes,
+        replaces: tuple[Holder, ...],
+        until_done: bool = False,
     ) -> None:
         key = shared.key("resp", response_id)
         args: list[Any] = [value, self._ttl_ms(), *(h.encode() for h in replaces)]
@@ -203,7 +227,10 @@ class ResponseIds:
         async def call(client: Redis) -> object:
             return await script([key], args, client)
 
-        shared.spawn("response_store", call)
+        if until_done:
+            shared.spawn_until_done("response_store", call, self.config.ttl_s)
+        else:
+            shared.spawn("response_store", call)
 
     async def _claim(self, shared: SharedState, response_id: str, holder: Holder, known: bool) -> bool:
         key = shared.key("resp", response_id)

@@ -198,9 +198,28 @@ class SharedState:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    def spawn_until_done(self, op: str, operation: Operation[object], within_s: float) -> None:
+        """`spawn`, for a write that must not be lost to a moment's outage (taking back what an
+        unanswered operation may have written): tried again, once Redis may be asked, until it
+        is done or `within_s` has passed."""
+        task = asyncio.ensure_future(self._until_done(op, operation, self._clock() + within_s))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def _quietly(self, op: str, operation: Operation[object]) -> None:
         with contextlib.suppress(SharedStateDown):
             await self.run(op, operation)
+
+    async def _until_done(self, op: str, operation: Operation[object], deadline: float) -> None:
+        while True:
+            try:
+                await self.run(op, operation)
+                return
+            except SharedStateDown:
+                wait = max(self._retry_at - self._clock(), self.config.recheck_s / 10)
+                if self._clock() + wait > deadline:
+                    return
+                await asyncio.sleep(wait)
 
     def _down(self, op: str, reason: str, err: BaseException) -> None:
         now = self._clock()

@@ -44,6 +44,7 @@ class FakeApi:
     uploads: list[Upload] = field(default_factory=list)
     sent: list[bytes] = field(default_factory=list)  # every body chunk of the last streamed answer
     report_usage: bool = True  # False: responses carry `"usage": null`
+    create_status: int = 200  # another: a new response is refused with it (retrieves still answer)
     _next: int = 0
 
     @staticmethod
@@ -62,6 +63,11 @@ class FakeApi:
             await respond(send, 200, orjson.dumps(_pooling(path, orjson.loads(body))))
 
     async def _responses(self, request: dict[str, Any], watcher: asyncio.Future[None], send: Send) -> None:
+        if self.create_status != 200:
+            await respond(
+                send, self.create_status, b'{"error":{"message":"scripted failure","code":"scripted"}}'
+            )
+            return
         turns, history = 1, 0
         previous = request.get("previous_response_id")
         if previous is not None:
@@ -71,11 +77,13 @@ class FakeApi:
             turns = self.stored[previous][0] + 1
             history = self.stored[previous][1]["usage"]["total_tokens"]
         self._next += 1
-        # As vLLM: the body's request_id names the response (a stored one of that id is replaced).
+        # As vLLM: the body's request_id names the response (a stored one of that id is replaced,
+        # unless the request says `store: false`).
         rid = request.get("request_id") or f"resp_{self.tag}{self._next:06x}"
         text = f"turn {turns} on {self.tag}"
         response = _response(rid, request, text, previous, history)
-        self.stored[rid] = (turns, response)
+        if request.get("store", True) is not False:
+            self.stored[rid] = (turns, response)
         if not self.report_usage:
             response = {**response, "usage": None}
         if not request.get("stream"):

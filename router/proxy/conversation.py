@@ -13,7 +13,8 @@ id from its first owner.
 
 vLLM names a response after the body's `request_id` when there is one (never after the
 `X-Request-Id` header, which the router sends as `<key>:<id>` anyway): such a request claims its
-id before anything goes out, and an id the router knows is refused with 409."""
+id before anything goes out, and an id the router knows, or a backend of the pool still holds
+(router/proxy/backendids.py), is refused with 409."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from router.classify import Classification, Reason
 from router.errors import BadRequest, Conflict, NotFound, Unavailable
 from router.facts import RequestFacts
 from router.metrics import RouteMetrics
+from router.proxy.backendids import Held, held_upstream
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange
 from router.proxy.relay import relay
@@ -170,7 +172,11 @@ class Turn:
         self._responses.bind(response_id, counted, (holder, *self._replaces(response_id)))
 
 
-_USAGE_COUNTS: Final = re.compile(rb'"(input_tokens|output_tokens)"\s*:\s*(\d{1,12})')
+# A count is a plain integer of at most 12 digits; anything else after the colon (an exponent, a
+# fraction, a longer number) is no count, so that no prefix of a larger one is taken for it.
+_USAGE_COUNTS: Final = re.compile(
+    rb'"(input_tokens|output_tokens)"\s*:\s*(?:(\d{1,12})(?![0-9.eE])|-?[0-9."])'
+)
 
 
 def conversation_tokens(tail: bytes) -> int | None:
@@ -180,12 +186,13 @@ def conversation_tokens(tail: bytes) -> int | None:
     at = usage_at(tail)
     if at < 0:
         return None
-    counts: dict[bytes, int] = {}
+    counts: dict[bytes, int | None] = {}
     for found in _USAGE_COUNTS.finditer(tail, at):
-        counts.setdefault(found[1], int(found[2]))
-    if len(counts) < 2:
+        counts.setdefault(found[1], int(found[2]) if found[2] is not None else None)
+    inputs, outputs = counts.get(b"input_tokens"), counts.get(b"output_tokens")
+    if inputs is None or outputs is None:
         return None
-    return counts[b"input_tokens"] + counts[b"output_tokens"]
+    return inputs + outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +235,21 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
         ) from None
     if taken:
         raise Conflict(f"response id {value!r} is already in use", code="response_id_in_use")
+    try:
+        held = await held_upstream(lane.pool, value, runtime.config.health.timeout_s)
+    except BaseException:
+        ids.release(value, claim.holder)
+        raise
+    if held is not Held.FREE:
+        ids.release(value, claim.holder)
+    if held is Held.HELD:
+        raise Conflict(f"response id {value!r} is already in use", code="response_id_in_use")
+    if held is Held.UNKNOWN:
+        raise Unavailable(
+            "response ids cannot be checked: a backend of the pool cannot say whether it holds this one",
+            code="response_ids_unavailable",
+            retry_after=1.0,
+        )
     return claim
 
 

@@ -15,6 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.backendhealth import Health
+from router.proxy.conversation import conversation_tokens
 from router.tokens import NO_MEDIA
 from tests.conftest import Stack
 from tests.fakebackend import Seen
@@ -270,12 +271,18 @@ async def test_a_named_response_id_is_bound_once_and_given_back_when_nothing_use
         for bad in ("mine", "resp_../x", 5):
             resp = await namer.post("/v1/responses", json={"model": MODEL, "input": "x", "request_id": bad})
             assert (resp.status_code, resp.json()["error"]["code"]) == (400, "invalid_request_id")
+        body = {"model": MODEL, "input": "x", "request_id": "resp_chosen1"}
         for backend in stack.backends:
             backend.behaviour.status = 500
-        body = {"model": MODEL, "input": "x", "request_id": "resp_chosen1"}
-        assert (await namer.post("/v1/responses", json=body)).status_code == 500
+        # No backend can say whether it holds the id: refused, and the claim given back.
+        unchecked = await namer.post("/v1/responses", json=body)
+        assert (unchecked.status_code, unchecked.json()["error"]["code"]) == (503, "response_ids_unavailable")
         for backend in stack.backends:
             backend.behaviour.status = 200
+            backend.api.create_status = 500
+        assert (await namer.post("/v1/responses", json=body)).status_code == 500
+        for backend in stack.backends:
+            backend.api.create_status = 200
         # The failed request made no response: its claim was given back, the id is free again.
         made = await namer.post("/v1/responses", json=body)
         assert made.status_code == 200 and made.json()["id"] == "resp_chosen1"
@@ -286,6 +293,31 @@ async def test_a_named_response_id_is_bound_once_and_given_back_when_nothing_use
         assert (again.status_code, again.json()["error"]["code"]) == (409, "response_id_in_use")
         assert (await other.get("/v1/responses/resp_chosen1")).status_code == 404
         assert (await namer.get("/v1/responses/resp_chosen1")).status_code == 200
+
+
+async def test_a_named_id_a_backend_still_holds_is_refused_after_the_router_forgot_it() -> None:
+    """The router remembers ids for a while (TTL, a cap, until it restarts); vLLM keeps stored
+    responses until it restarts. An id the router forgot may still name another key's response
+    there, which a request naming it does not replace when it says `store: false` (nor when its
+    stream is cut short): bound to the namer, it would hand the namer the other key's response."""
+    async with (
+        api_stack(n_backends=1, response_ids={"max_entries": 16}) as stack,
+        client(stack.url) as owner,
+        client(stack.url, "namer") as namer,
+    ):
+        first = (await owner.post("/v1/responses", json={"model": MODEL, "input": "secret"})).json()
+        for _ in range(16):  # the memory holds 16 ids: the first is pushed out
+            assert (await owner.post("/v1/responses", json={"model": MODEL, "input": "x"})).status_code == 200
+        assert (await owner.get(f"/v1/responses/{first['id']}")).status_code == 404
+        assert first["id"] in stack.backends[0].api.stored
+        for stream in (False, True):
+            body = {"model": MODEL, "input": "x", "request_id": first["id"], "store": False, "stream": stream}
+            resp = await namer.post("/v1/responses", json=body)
+            assert (resp.status_code, resp.json()["error"]["code"]) == (409, "response_id_in_use")
+        assert (await namer.get(f"/v1/responses/{first['id']}")).status_code == 404
+        # An id no backend holds is named as before.
+        body = {"model": MODEL, "input": "x", "request_id": "resp_fresh1", "store": False}
+        assert (await namer.post("/v1/responses", json=body)).status_code == 200
 
 
 async def test_a_follow_up_whose_backend_is_down_names_that_backend(stack: Stack) -> None:
@@ -327,3 +359,13 @@ async def test_a_named_response_id_needs_shared_state_when_several_routers_serve
         assert (named.status_code, named.json()["error"]["code"]) == (400, "request_id_unsupported")
         assert stack.forwarded() == 0
         assert (await namer.post("/v1/responses", json={"model": MODEL, "input": "x"})).status_code == 200
+
+
+def test_a_usage_count_that_is_not_a_plain_integer_is_no_count() -> None:
+    """A count the router would read only a prefix of (an exponent, a fraction, more digits than
+    it reads) would make the conversation smaller than the backend said: none is taken, and the
+    turn's bounds stand."""
+    assert conversation_tokens(b'"usage":{"input_tokens":120,"output_tokens":30}}') == 150
+    for odd in (b"1e9", b"12.5", b"-3", b'"7"', b"null", b"1234567890123"):
+        tail = b'"usage":{"input_tokens":' + odd + b',"output_tokens":30}}'
+        assert conversation_tokens(tail) is None, odd

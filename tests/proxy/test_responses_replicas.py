@@ -190,3 +190,25 @@ async def test_a_named_response_id_is_refused_through_every_replica(tmp_path: Pa
             assert (await namer_one.post("/v1/responses", json=named)).status_code == 200
             again = await namer_two.post("/v1/responses", json=named)
             assert (again.status_code, again.json()["error"]["code"]) == (409, "response_id_in_use")
+
+
+async def test_an_id_redis_lost_in_a_restart_is_still_refused_to_another_key(tmp_path: Path) -> None:
+    """Redis restarted empty: the replicas forgot whose the id was, the backend did not."""
+    backends = [FakeBackend()]
+    async with redis_server(tmp_path) as redis, server_group() as group:
+        urls = [await group.start(b) for b in backends]
+        data = api_profile(urls, state={"redis_url": redis.url, "timeout_s": 2.0, "recheck_s": 0.2})
+        (one, _), (two, _) = [await start_router(group, data) for _ in range(2)]
+        async with sdk(one) as api, client(two, "namer") as namer:
+            first = await api.responses.create(model=MODEL, input="mine")
+            async with redis.client() as probe:
+                await _until(probe, first.id, lambda h: h.key == "api")
+            await redis.stop()
+            await redis.start()
+            body = {"model": MODEL, "input": "x", "request_id": first.id, "store": False}
+            async with asyncio.timeout(20):
+                while (resp := await namer.post("/v1/responses", json=body)).status_code == 503:
+                    await asyncio.sleep(0.05)  # the replica waits out its recheck before it asks Redis again
+            assert (resp.status_code, resp.json()["error"]["code"]) == (409, "response_id_in_use")
+            assert (await namer.get(f"/v1/responses/{first.id}")).status_code == 404
+            assert (await api.responses.retrieve(first.id)).output_text == first.output_text
