@@ -32,7 +32,7 @@ def _iso(wall: float) -> str:
 
 
 def access_line(rec: RequestRecord) -> dict[str, Any]:
-    """The fields of one line, in the order README.md documents them."""
+    """The fields of one line, in the order docs/observability.md documents them."""
     prompt, completion = rec.usage()
     trace_id = rec.trace_id()
     return {

@@ -10,7 +10,7 @@ the parent in its environment (router/settings.py). The port is shared one of tw
   socket and listens, and the kernel spreads connections over the workers;
 - `inherit`: the parent binds and listens; every worker accepts on that one socket.
 
-README.md ("Several processes on one host") has the measurement that chose the default.
+docs/performance.md ("Workers") has the measurement that chose the default.
 
 The parent starts the workers and restarts one that exits while it is not stopping, after a
 backoff (RESTART_MIN_S, doubling to RESTART_MAX_S; reset once a worker has run STABLE_S), with

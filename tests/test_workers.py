@@ -96,7 +96,7 @@ async def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
         assert len(first) == 2
         os.kill(first[0], signal.SIGKILL)
         # Until it has exited, its socket still takes its share of new connections, and the
-        # kernel resets those it had queued when it goes (README, "Restarts").
+        # kernel resets those it had queued when it goes (docs/scaling.md, "Restarts").
         await until_exited(first[0])
         async with asyncio.timeout(30):
             while len(now := r.workers()) != 2 or now == first:

@@ -31,7 +31,7 @@ ALL_CLASSES: tuple[RequestClass, ...] = tuple(RequestClass)
 
 
 class RouteScope(StrEnum):
-    """The route families a key may use (`keys[].routes`); README, HTTP surface, lists which
+    """The route families a key may use (`keys[].routes`); docs/http-api.md lists which
     paths each one opens."""
 
     CHAT = "chat"
