@@ -41,6 +41,7 @@ class RedisServer:
             "--appendonly", "no",
             "--dir", str(self._dir),
             "--loglevel", "warning",
+            "--enable-debug-command", "local",  # DEBUG SLEEP plays a stalled Redis
         ]  # fmt: skip
         self._proc = proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE

@@ -375,12 +375,13 @@ class SlotStore:
         ]
         return changes
 
-    def _go_local(self) -> None:
+    def _go_local(self, failed: bool = True) -> None:
         if self.mode is Mode.LOCAL:
             return
         self.mode = Mode.LOCAL
         self._pending.clear()
-        self._fell_back()
+        if failed:
+            self._fell_back()
         self.wake_all()  # whoever waits is served from this process's parts now
 
     def _fell_back(self) -> None:
@@ -402,7 +403,7 @@ class SlotStore:
         if holder == self.holder and self.mode is Mode.SHARED:
             log.warning("shared admission counts: this process's holder was dropped; re-homing")
             self._lost_holding = True
-            self._go_local()
+            self._go_local(failed=False)  # Redis answers: re-homing at once, not counting locally
             self._spawn(self._rehome_once())
 
     def wake_all(self) -> None:

@@ -1,0 +1,197 @@
+"""A lane's limit held by two `lane-router serve` replicas together through Redis going away,
+stalling and coming back empty: a real redis-server, real router processes, and a backend that
+holds every request until the test lets it go and counts how many it holds (tests/holdingbackend.py).
+
+The profile splits the chat lane's 4 slots into parts of 2 (`replicas: 2`). Replica A takes all
+4 while Redis is there; whatever happens to Redis then, B's requests must not reach the backend
+until A's have ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from tests.holdingbackend import HoldingBackend
+from tests.profiles import MODEL, auth, profile
+from tests.redisserver import RedisServer, redis_server
+from tests.scaleout import Router, router, write_profile
+from tests.servers import server_group
+
+LANE = 4
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+WAIT_S = 60.0
+
+
+@pytest.fixture
+async def redis(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    async with redis_server(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[tuple[HoldingBackend, str]]:
+    holding = HoldingBackend()
+    async with server_group() as group:
+        yield holding, await group.serve(holding)
+
+
+def two_replicas(backend_url: str, redis_url: str) -> dict[str, Any]:
+    data = profile([backend_url])
+    data["lanes"]["chat"].update(max_in_flight=LANE, queue_timeout_s=WAIT_S)
+    data["pools"]["interactive"]["read_timeout_s"] = WAIT_S
+    data["pools"]["interactive"]["response_head_timeout_s"] = WAIT_S
+    data["health"] = {"interval_s": 0.5, "timeout_s": 2, "unhealthy_after": 50, "healthy_after": 1}
+    data["replicas"] = 2
+    data["state"] = {"redis_url": redis_url, "timeout_s": 0.3, "recheck_s": 0.2, "heartbeat_s": 0.2}
+    return data
+
+
+def send(r: Router, n: int) -> list[asyncio.Task[int]]:
+    async def one() -> int:
+        async with r.client() as http:
+            resp = await http.post("/v1/chat/completions", json=BODY, headers=auth("user"))
+            return resp.status_code
+
+    return [asyncio.ensure_future(one()) for _ in range(n)]
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float = WAIT_S) -> None:
+    async with asyncio.timeout(timeout):
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+
+async def lane_in_redis(client: Redis) -> int:
+    with contextlib.suppress(RedisError, OSError):
+        return int(await client.hget("lane-router:slots:lane:chat", "f") or 0)
+    return -1
+
+
+async def heartbeat_ttl(client: Redis, pid: int) -> int:
+    """The remaining lease of the heartbeat of the router process `pid` (-1: none)."""
+    found = -1
+    async for key in client.scan_iter(match=f"lane-router:slots:hb:*:{pid}:*"):
+        found = max(found, int(await client.pttl(key)))
+    return found
+
+
+async def knows_of(client: Redis, b: Router) -> None:
+    """Until B's heartbeat ran after A's 4 slots were in Redis: B has seen what A holds."""
+    await until(lambda: _equal(lane_in_redis(client), LANE))
+    before = await heartbeat_ttl(client, b.proc.pid)
+
+    async def renewed() -> bool:
+        return await heartbeat_ttl(client, b.proc.pid) > before
+
+    await until(renewed)
+
+
+async def _equal(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+async def in_router(r: Router, n: int) -> None:
+    """Until `n` chat requests are inside router `r` (admitted or waiting)."""
+
+    async def inside() -> bool:
+        with contextlib.suppress(httpx.TransportError):
+            return await r.total("lane_router_in_flight", lane="chat") == n
+        return False
+
+    await until(inside)
+
+
+async def finish(backend: HoldingBackend, a: list[asyncio.Task[int]], b: list[asyncio.Task[int]]) -> None:
+    """Let A's requests end, then B's once they reach the backend; every one is served."""
+    backend.release(len(a))
+    assert await asyncio.gather(*a) == [200] * len(a)
+    await backend.wait_for(lambda: backend.held == len(b), WAIT_S)
+    backend.release(len(b))
+    assert await asyncio.gather(*b) == [200] * len(b)
+
+
+@pytest.mark.parametrize("outage", ["killed", "stalled"])
+async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_beyond_its_own(
+    outage: str, tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+) -> None:
+    holding, url = backend
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url))
+    client = redis.client()
+    stall: asyncio.Task[Any] | None = None
+    async with router(config) as a, router(config) as b:
+        from_a = send(a, LANE)
+        await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
+        await knows_of(client, b)
+
+        if outage == "killed":
+            await redis.stop()
+        else:
+            stall = asyncio.ensure_future(_debug_sleep(redis, 3.0))
+            await until(_not(redis.ping))
+        from_b = send(b, 2)
+        await in_router(b, 2)
+        if stall is not None:
+            # B tried Redis during the stall and gave up on it, or the stall is over already.
+            await until(lambda: _timed_out_or_over(b, redis))
+            await stall
+        else:
+            await redis.start()
+        assert holding.held == LANE  # B's part is 2, less the 2 A holds beyond its own
+        await finish(holding, from_a, from_b)
+    await client.aclose()
+    assert holding.peak == LANE
+
+
+async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_homed(
+    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+) -> None:
+    holding, url = backend
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url))
+    async with router(config) as a, router(config) as b:
+        from_a = send(a, LANE)
+        await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
+        client = redis.client()
+        await knows_of(client, b)
+        await client.aclose()
+
+        await redis.stop()
+        await redis.start()  # empty
+        from_b = send(b, 2)
+        await in_router(b, 2)
+        client = redis.client()
+        # A re-homes its 4 at its next heartbeat; until then B was granted nothing.
+        await until(lambda: _equal(lane_in_redis(client), LANE))
+        await client.aclose()
+        assert holding.held == LANE
+        await finish(holding, from_a, from_b)
+    assert holding.peak == LANE
+
+
+async def _debug_sleep(redis: RedisServer, seconds: float) -> None:
+    client = Redis.from_url(redis.url, socket_timeout=seconds + 30)
+    try:
+        await client.execute_command("DEBUG", "SLEEP", seconds)
+    finally:
+        await client.aclose()
+
+
+def _not(check: Callable[[], Awaitable[bool]]) -> Callable[[], Awaitable[bool]]:
+    async def negated() -> bool:
+        return not await check()
+
+    return negated
+
+
+async def _timed_out_or_over(b: Router, redis: RedisServer) -> bool:
+    if await redis.ping():
+        return True
+    errors = await b.total("lane_router_shared_state_errors_total", reason="timeout")
+    return errors > 0
