@@ -54,6 +54,14 @@ def two_replicas(backend_url: str, redis_url: str) -> dict[str, Any]:
     return data
 
 
+async def served_once(holding: HoldingBackend, r: Router) -> None:
+    """One request through `r`, let go at once: the replica has been serving."""
+    (one,) = send(r, 1)
+    await holding.wait_for(lambda: holding.held == 1, WAIT_S)
+    holding.release()
+    assert await one == 200
+
+
 def send(r: Router, n: int) -> list[asyncio.Task[int]]:
     async def one() -> int:
         async with r.client() as http:
@@ -127,6 +135,7 @@ async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_be
     client = redis.client()
     stall: asyncio.Task[Any] | None = None
     async with router(config) as a, router(config) as b:
+        await served_once(holding, b)
         from_a = send(a, LANE)
         await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
         await knows_of(client, b)
@@ -156,16 +165,17 @@ async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_
     holding, url = backend
     config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url))
     async with router(config) as a, router(config) as b:
+        await served_once(holding, b)
         from_a = send(a, LANE)
         await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
         client = redis.client()
         await knows_of(client, b)
         await client.aclose()
 
+        from_b = send(b, 2)  # waiting for A's slots, asking Redis again and again
+        await in_router(b, 2)
         await redis.stop()
         await redis.start()  # empty
-        from_b = send(b, 2)
-        await in_router(b, 2)
         client = redis.client()
         # A re-homes its 4 at its next heartbeat; until then B was granted nothing.
         await until(lambda: _equal(lane_in_redis(client), LANE))
