@@ -354,6 +354,7 @@ async def test_concurrency_slots_redis_charged_after_the_replica_gave_up_are_giv
     charges are given back by their tokens, well within the lease, so the key is not locked out."""
     state = replicas.open(redis.url, timeout_s=0.3, recheck_s=0.2, lease_s=60)
     store, limits = RedisRateStore(state), Limits(max_concurrency=3)
+    assert (await store.acquire("other", limits, 0, 0.0)).recorded  # the scripts are loaded
     stall = asyncio.ensure_future(_debug_sleep(redis, 2.0))
     async with asyncio.timeout(10):
         while await redis.ping():
