@@ -171,6 +171,7 @@ class RedisRateStore:
         self._held: dict[str, list[str]] = {}  # per key, the tokens of this replica's requests in flight
         self._cancels: dict[tuple[str, str], tuple[Limits, float]] = {}  # (key, token): limits, given up at
         self._renewing: asyncio.Task[None] | None = None
+        self._cancelled = asyncio.Event()
 
     def _args(self, limits: Limits) -> list[Any]:
         lease = self._state.config.lease_s
@@ -240,6 +241,7 @@ class RedisRateStore:
         token once Redis answers (the renewal's turns retry it)."""
         self._cancels[(key, token)] = (limits, time.monotonic())
         self._keep_renewing()
+        self._cancelled.set()  # a renewal turn sleeping until its next renewal tries it now
 
     # -- the leases of requests in flight ----------------------------------------------------
 
@@ -253,9 +255,13 @@ class RedisRateStore:
         renewed = time.monotonic()
         try:
             while self._held or self._cancels:
+                self._cancelled.clear()
                 await self._cancel_pending()
                 # Cancels are retried as soon as Redis may be asked again; renewals every `every`.
-                await asyncio.sleep(min(every, cfg.recheck_s) if self._cancels else every)
+                pause = min(every, cfg.recheck_s) if self._cancels else every - (time.monotonic() - renewed)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, pause)):
+                        await self._cancelled.wait()
                 if time.monotonic() - renewed >= every:
                     renewed = time.monotonic()
                     for key, held in list(self._held.items()):

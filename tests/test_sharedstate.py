@@ -363,8 +363,16 @@ async def test_concurrency_slots_redis_charged_after_the_replica_gave_up_are_giv
     assert all(v.allowed and not v.recorded for v in during)
     await stall
 
-    # Redis answers again: three slots free, well within the 60 s lease (requests let through
-    # uncounted while the replica waits out `recheck_s` do not count).
+    # Redis answers again and runs the charges: they are given back, well within the 60 s lease.
+    client = redis.client()
+    try:
+        async with asyncio.timeout(20):
+            while await _in_flight(client, state, "k") > 0:
+                await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+    # Three slots free (requests let through uncounted while the replica waits out `recheck_s`
+    # do not count).
     recorded = 0
     async with asyncio.timeout(20):
         while recorded < 3:
