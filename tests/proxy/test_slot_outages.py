@@ -4,12 +4,14 @@ holds every request until the test lets it go and counts how many it holds (test
 
 The profile splits the chat lane's 4 slots into parts of 2 (`replicas: 2`). Replica A takes all
 4 while Redis is there; whatever happens to Redis then, B's requests must not reach the backend
-until A's have ended."""
+until A's have ended. A tenant key's concurrency slots, held by a replica SIGKILLed, come back
+within the lease however often its client retries."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from router.auth import hash_key
 from tests.holdingbackend import HoldingBackend
 from tests.profiles import MODEL, auth, profile
 from tests.redisserver import RedisServer, redis_server
-from tests.scaleout import Router, router, write_profile
+from tests.scaleout import Router, kill, router, until_exited, write_profile
 from tests.servers import server_group
 
 LANE = 4
@@ -205,3 +208,63 @@ async def _timed_out_or_over(b: Router, redis: RedisServer) -> bool:
         return True
     errors = await b.total("lane_router_shared_state_errors_total", reason="timeout")
     return errors > 0
+
+
+TENANT = "tenant-key-0123456789abcdef"
+TENANT_AUTH = {"authorization": f"Bearer {TENANT}"}
+LEASE_S = 2.0
+
+
+def tenant_profile(backend_url: str, redis_url: str) -> dict[str, Any]:
+    data = two_replicas(backend_url, redis_url)
+    data["keys"].append({"name": "tenant", "sha256": hash_key(TENANT), "max_concurrency": 3})
+    data["state"]["lease_s"] = LEASE_S
+    return data
+
+
+async def as_tenant(r: Router) -> httpx.Response:
+    async with r.client() as http:
+        return await http.post("/v1/chat/completions", json=BODY, headers=TENANT_AUTH)
+
+
+async def test_a_tenants_slots_held_by_a_killed_replica_come_back_within_the_lease_despite_retries(
+    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+) -> None:
+    """A replica SIGKILLed while a key holds all 3 of its concurrency slots: the key's client,
+    retrying through the other replica as each refusal's Retry-After says, is served again once
+    the dead replica's leases ran out; its refused retries renew nothing."""
+    holding, url = backend
+    config = write_profile(tmp_path / "p.yaml", tenant_profile(url, redis.url))
+    async with router(config) as a, router(config) as b:
+        doomed = [asyncio.ensure_future(as_tenant(a)) for _ in range(3)]
+        await holding.wait_for(lambda: holding.held == 3, WAIT_S)
+        refused = await as_tenant(b)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_concurrency"
+
+        kill(a.proc.pid)
+        await until_exited(a.proc.pid)
+        killed_at = time.monotonic()
+        await asyncio.gather(*doomed, return_exceptions=True)
+        arrived = len(holding.connections)
+        retries = 0
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                attempt = asyncio.ensure_future(as_tenant(b))
+                reached = asyncio.ensure_future(
+                    holding.wait_for(lambda: len(holding.connections) > arrived, WAIT_S)
+                )
+                await asyncio.wait([attempt, reached], return_when=asyncio.FIRST_COMPLETED)
+                if reached.done():
+                    break
+                reached.cancel()
+                response = attempt.result()
+                assert response.status_code == 429, response.text
+                retries += 1
+                await asyncio.sleep(float(response.headers["retry-after"]))  # as the client is told
+        served_after = time.monotonic() - killed_at
+        holding.release(holding.held)
+        assert (await attempt).status_code == 200
+    assert retries >= 1  # refused while the dead replica's leases ran
+    # Its leases were last renewed at most a third of a lease before it died.
+    assert served_after <= LEASE_S + 1.0 + 10.0
