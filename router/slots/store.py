@@ -343,7 +343,7 @@ class SlotStore:
         before, self._epoch = self._epoch, epoch
         lost, self._lost_holding = self._lost_holding, False
         holding = sum(c.delta for c in held if c.counter == "f")
-        if not holding or expected or (before == epoch and not lost):
+        if not holding or expected or (before in (None, epoch) and not lost):
             return
         self._inexact.labels("late_rehome").inc()
         log.warning(
