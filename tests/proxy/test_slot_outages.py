@@ -142,6 +142,7 @@ async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_be
         from_a = send(a, LANE)
         await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
         await knows_of(client, b)
+        await until(lambda: _metric_reaches(b, "lane_router_shared_slots_excess", 2, lane="chat"))
 
         if outage == "killed":
             await redis.stop()
@@ -155,6 +156,11 @@ async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_be
             await until(lambda: _timed_out_or_over(b, redis))
             await stall
         else:
+            # B fell back to its part and said what it cannot know.
+            await until(
+                lambda: _metric_reaches(b, "lane_router_shared_slots_inexact_total", 1, reason="fallback")
+            )
+            assert "slots they took since then are not known" in b.log.read_text()
             await redis.start()
         assert holding.held == LANE  # B's part is 2, less the 2 A holds beyond its own
         await finish(holding, from_a, from_b)
@@ -186,6 +192,12 @@ async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_
         assert holding.held == LANE
         await finish(holding, from_a, from_b)
     assert holding.peak == LANE
+
+
+async def _metric_reaches(r: Router, name: str, value: float, **labels: str) -> bool:
+    with contextlib.suppress(httpx.TransportError):
+        return await r.total(name, **labels) >= value
+    return False
 
 
 async def _debug_sleep(redis: RedisServer, seconds: float) -> None:
