@@ -378,9 +378,9 @@ class SlotStore:
     def _go_local(self, failed: bool = True) -> None:
         if self.mode is Mode.LOCAL:
             return
-        self.mode = Mode.LOCAL
+        shared, self.mode = self.mode is Mode.SHARED, Mode.LOCAL
         self._pending.clear()
-        if failed:
+        if failed and shared:  # once per outage: not again for every re-homing that fails
             self._fell_back()
         self.wake_all()  # whoever waits is served from this process's parts now
 
