@@ -72,7 +72,8 @@ end
 # KEYS: [1] slots:keys, [2] this holder's heartbeat, [3] the lane's hash, [4..] candidate
 # backends, in the order to try. ARGV: [1] holder, [2] take the lane 1|0, [3] lane limit (-1: none),
 # [4] long 1|0, [5] max_prefilling (-1: none), [6] max_long_prefilling (-1: none), then, when
-# given, [7] the epoch hash, [8] the set of runs expected, [9] this holder's part of the lane limit.
+# given, [7] the epoch hash, [8] the set of runs expected, [9] this holder's part of the lane limit,
+# [10] the channel on which a take beyond that part is told (`<holder> <lane hash>`).
 # Returns {result, lane count, f, p, l of each candidate, the lane's excess}: result is the
 # candidate taken (1-based), 0 no room, -1 lane full, -2 unknown holder, -3 Redis lost its data
 # moments ago and waits for processes to re-home; counts are after the take; the excess is what
@@ -113,7 +114,14 @@ local function charge(key, counter)
 end
 if take_lane then
   charge(KEYS[3], 'f')
-  if ARGV[9] and tonumber(ARGV[9]) >= 0 then redis.call('HSET', KEYS[3], 'x:' .. holder, ARGV[9]) end
+  local part = tonumber(ARGV[9] or -1)
+  if part >= 0 then
+    redis.call('HSET', KEYS[3], 'x:' .. holder, part)
+    -- One more beyond this holder's part: every other process hears it at once.
+    if ARGV[10] and num(redis.call('HGET', KEYS[3], 'f:' .. holder)) > part then
+      redis.call('PUBLISH', ARGV[10], holder .. ' ' .. KEYS[3])
+    end
+  end
   redis.call('SADD', KEYS[1], KEYS[3])
   out[2] = lane_count + 1
 end

@@ -14,10 +14,11 @@ truth about what it holds. So when Redis fails — a take, a release or a heartb
 turns *local*: admission counts this process's own requests against its part of each limit
 (router/slots/budget.py) and Redis is left alone. A process may hold more than its part while
 counts are shared, so a lane's part is first reduced by what the other processes held beyond
-theirs when this one last looked (every take's answer and every heartbeat say it): A holding a
-lane's 4 slots where each part is 2 leaves B no slot of it until Redis is back. That look is at
-most a heartbeat old; slots other processes took since are not known, which a WARNING and
-`lane_router_shared_slots_inexact_total{reason="fallback"}` say whenever a process falls back.
+theirs as far as it knows: every take's answer and every heartbeat say it, and a take beyond a
+part is published to every process at once (`slots:over`). A holding a lane's 4 slots where
+each part is 2 leaves B no slot of it until Redis is back. Slots taken in the instant before
+Redis failed, whose news had not arrived, are not known; a WARNING and
+`lane_router_shared_slots_inexact_total{reason="fallback"}` say so whenever a process falls back.
 (The pools' per-backend prefill parts are not reduced so.) Once `recheck_s` has passed, the
 next admission or heartbeat *re-homes*: one script drops every holder this process used before
 and charges all it holds now under a new holder, so Redis again holds exactly what every
@@ -145,6 +146,7 @@ class SlotStore:
         self._expect_key = state.key("slots", "expect")
         self._lane_prefix = state.key("slots", "lane", "")
         self.channel = state.key("slots", "freed")
+        self.over_channel = state.key("slots", "over")
         self._names: dict[tuple[str, str], str] = {}
         state.on_close(self.aclose)
 
@@ -186,8 +188,10 @@ class SlotStore:
             self.start()
 
     def start(self) -> None:
-        """Beat from now on: an idle process re-homes (and learns what the others hold) too."""
+        """Beat and listen from now on: an idle process re-homes, and learns what the others
+        hold, too."""
         self._start_beating()
+        self.watch()
 
     def excess(self, lane: Lane) -> int:
         """What other processes held of `lane` beyond their parts, at this one's last look."""
@@ -224,6 +228,7 @@ class SlotStore:
             self._epoch_key,
             self._expect_key,
             limit_arg(rule.lane_part),
+            self.over_channel,
         ]
         try:
             reply = await self._state.run("slot_take", _script(self._take, keys, args))
@@ -243,6 +248,13 @@ class SlotStore:
         self._looked_at = time.monotonic()
         for key, over in excess.items():
             self._excess_gauge.labels(key.removeprefix(self._lane_prefix)).set(over)
+
+    def _heard_over(self, message: str) -> None:
+        """Another process took a lane's slot beyond its part: one more to keep clear of should
+        Redis fail before the next look (which replaces the count by Redis's own)."""
+        holder, _, key = message.partition(" ")
+        if _run_of(holder) != self.run and key:
+            self._saw({key: self._excess.get(key, 0) + 1})
 
     def give_back(self, changes: Iterable[Change]) -> None:
         """Queue releases; they are sent together on the next turn of the event loop."""
@@ -392,8 +404,8 @@ class SlotStore:
         age = "never" if self._looked_at is None else f"{time.monotonic() - self._looked_at:.1f} s ago"
         log.warning(
             "shared admission counts: Redis unavailable; each lane's part of this process is reduced "
-            "by what other processes held beyond theirs when it last looked (%s: %s); slots they "
-            "took since then are not known, so a lane may exceed its limit by them",
+            "by what other processes hold beyond theirs as far as it knows (last look at Redis %s: "
+            "%s); slots they took since then are not known, so a lane may exceed its limit by them",
             age,
             ", ".join(f"{lane} {n}" for lane, n in sorted(over.items())) or "none",
         )
@@ -422,7 +434,9 @@ class SlotStore:
         while True:
             if self.mode is Mode.LOCAL and self._state.available():
                 await self._rehome_once()
-            await asyncio.sleep(self.beat_s)
+            # Counting locally, Redis's return is looked for as often as `recheck_s` allows.
+            local = self.mode is not Mode.SHARED
+            await asyncio.sleep(min(self.beat_s, self._state.config.recheck_s) if local else self.beat_s)
             if self.mode is Mode.SHARED:
                 await self._beat_once()
 
@@ -448,7 +462,8 @@ class SlotStore:
             self._lost(holder)
 
     def watch(self) -> None:
-        """Listen for slots freed by other processes (started when someone first waits)."""
+        """Listen for slots freed by other processes, and for slots they take beyond their
+        parts (from the start, or when someone first waits)."""
         if not self._watching:
             self._watching = True
             self._spawn(self._watch_forever())
@@ -457,11 +472,15 @@ class SlotStore:
         while True:
             pubsub = self._state.client.pubsub()
             try:
-                await self._state.run("slot_watch", _subscribe(pubsub, self.channel))
+                await self._state.run("slot_watch", _subscribe(pubsub, self.channel, self.over_channel))
                 self.wake_all()  # anything freed before the subscription took effect
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=WATCH_IDLE_S)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if _text(message["channel"]) == self.over_channel:
+                        self._heard_over(_text(message["data"]))
+                    else:
                         self.wake_all()
             except (SharedStateDown, RedisError, OSError):
                 pass
@@ -491,9 +510,9 @@ class SlotStore:
         self.mode = Mode.LOCAL
 
 
-def _subscribe(pubsub: Any, channel: str) -> Callable[[Redis], Awaitable[None]]:
+def _subscribe(pubsub: Any, *channels: str) -> Callable[[Redis], Awaitable[None]]:
     async def call(_: Redis) -> None:
-        await pubsub.subscribe(channel)
+        await pubsub.subscribe(*channels)
 
     return call
 

@@ -46,14 +46,14 @@ async def backend() -> AsyncIterator[tuple[HoldingBackend, str]]:
         yield holding, await group.serve(holding)
 
 
-def two_replicas(backend_url: str, redis_url: str) -> dict[str, Any]:
+def two_replicas(backend_url: str, redis_url: str, heartbeat_s: float = 0.2) -> dict[str, Any]:
     data = profile([backend_url])
     data["lanes"]["chat"].update(max_in_flight=LANE, queue_timeout_s=WAIT_S)
     data["pools"]["interactive"]["read_timeout_s"] = WAIT_S
     data["pools"]["interactive"]["response_head_timeout_s"] = WAIT_S
     data["health"] = {"interval_s": 0.5, "timeout_s": 2, "unhealthy_after": 50, "healthy_after": 1}
     data["replicas"] = 2
-    data["state"] = {"redis_url": redis_url, "timeout_s": 0.3, "recheck_s": 0.2, "heartbeat_s": 0.2}
+    data["state"] = {"redis_url": redis_url, "timeout_s": 0.3, "recheck_s": 0.2, "heartbeat_s": heartbeat_s}
     return data
 
 
@@ -280,3 +280,32 @@ async def test_a_tenants_slots_held_by_a_killed_replica_come_back_within_the_lea
     assert retries >= 1  # refused while the dead replica's leases ran
     # Its leases were last renewed at most a third of a lease before it died.
     assert served_after <= LEASE_S + 1.0 + 10.0
+
+
+async def test_a_take_beyond_a_part_is_known_to_the_other_replica_before_any_heartbeat(
+    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+) -> None:
+    """Heartbeats far apart: B learns that A holds 2 beyond its part from A's takes themselves,
+    and keeps clear of them when Redis is killed right after."""
+    holding, url = backend
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=30))
+    async with router(config) as a, router(config) as b:
+        await served_once(holding, b)
+        from_a = send(a, LANE)
+        await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
+        await until(lambda: _metric_reaches(b, "lane_router_shared_slots_excess", 2, lane="chat"))
+
+        await redis.stop()
+        from_b = send(b, 2)
+        await in_router(b, 2)
+        await until(
+            lambda: _metric_reaches(b, "lane_router_shared_slots_inexact_total", 1, reason="fallback")
+        )
+        assert holding.held == LANE
+        holding.release(LANE)  # A's end while Redis is away: B cannot know, and waits
+        assert await asyncio.gather(*from_a) == [200] * LANE
+        await redis.start()  # B shares again and finds the lane free
+        await holding.wait_for(lambda: holding.held == 2, WAIT_S)
+        holding.release(2)
+        assert await asyncio.gather(*from_b) == [200] * 2
+    assert holding.peak == LANE
