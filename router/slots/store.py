@@ -15,7 +15,8 @@ turns *local*: admission counts this process's own requests against its part of 
 (router/slots/budget.py) and Redis is left alone. A process may hold more than its part while
 counts are shared, so a lane's part is first reduced by what the other processes held beyond
 theirs as far as it knows: every take's answer and every heartbeat say it, and a take beyond a
-part is published to every process at once (`slots:over`). A holding a lane's 4 slots where
+part is published to every process at once (`slots:over`; releases are learnt at the next
+heartbeat, so the reduction errs on the safe side meanwhile). A holding a lane's 4 slots where
 each part is 2 leaves B no slot of it until Redis is back. Slots taken in the instant before
 Redis failed, whose news had not arrived, are not known; a WARNING and
 `lane_router_shared_slots_inexact_total{reason="fallback"}` say so whenever a process falls back.

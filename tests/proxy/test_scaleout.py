@@ -146,6 +146,10 @@ async def test_redis_stopped_mid_run_leaves_each_process_its_part_and_back_share
         # Shared: one replica alone may use the whole limit.
         assert await burst([a], [chat(tokens=8) for _ in range(12)]) == [200] * 12
         assert rec.peaks["serving"] == 4
+        # B has seen A back within its part: what A held beyond it would count against B's.
+        async with asyncio.timeout(30):
+            while await b.total("lane_router_shared_slots_excess", lane="chat") != 0:
+                await asyncio.sleep(0.05)
 
         await redis.stop()
         rec.reset_peaks()
