@@ -190,6 +190,21 @@ class Metrics:
             ["op", "reason"],
             registry=registry,
         )
+        self.shared_slots_excess = Gauge(
+            p + "shared_slots_excess",
+            "Slots of a lane that other router processes held beyond their parts at this process's "
+            "last look at Redis; its own part is reduced by them while Redis is unavailable.",
+            ["lane"],
+            registry=registry,
+        )
+        self.shared_slots_inexact = Counter(
+            p + "shared_slots_inexact",
+            "Times shared admission counts could not be kept exact: fallback (Redis unavailable; "
+            "slots other processes took since the last look are not known), late_rehome (slots "
+            "re-homed after Redis may have granted them again).",
+            ["reason"],
+            registry=registry,
+        )
         self.discovery_errors = Counter(
             p + "discovery_errors",
             "Failed resolutions of a discovery pool's name, by reason (timeout, server_failure, "

@@ -95,6 +95,9 @@ async def background(
     discovery.start()
     scraper = LoadScraper(lambda: state.runtime)
     scraper.start()
+    slots = state.runtime.counting.store
+    if slots is not None:
+        slots.start()  # an idle process learns what the others hold, and is known to them
     tasks: set[asyncio.Task[Any]] = set()
     loop = asyncio.get_running_loop()
 

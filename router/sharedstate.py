@@ -139,6 +139,7 @@ class SharedState:
             retry=Retry(NoBackoff(), 0),
             max_connections=cfg.max_connections,
         )
+        self.metrics = metrics
         self._errors = metrics.shared_state_errors
         self._clock = clock
         self._retry_at = 0.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from router.config.load import ConfigError, parse_profile
 from router.config.models import StateConfig
@@ -174,7 +175,7 @@ async def test_a_key_expires_once_its_buckets_would_be_full_again(
         await store.acquire("paced", Limits(rpm=60), 0, 0.0)  # one request: refilled within 1 s
         await store.acquire("busy", Limits(rpm=60, max_concurrency=4), 0, 0.0)  # one in flight
         paced = await client.pttl(state.key("rate", "paced"))
-        busy = await client.pttl(state.key("rate", "busy"))
+        busy = await client.pttl(state.key("rate", "busy", "c"))  # its requests in flight
         assert 1000 < paced <= 3000
         assert 599_000 < busy <= 601_000
     finally:
@@ -331,3 +332,51 @@ async def test_a_reload_keeps_the_shared_state_until_its_section_changes(
     assert memory.slow_clients.shared is None
     for runtime in (same, changed, memory):
         await runtime.aclose()
+
+
+async def _debug_sleep(redis: RedisServer, seconds: float) -> None:
+    client = Redis.from_url(redis.url, socket_timeout=seconds + 30)
+    try:
+        await client.execute_command("DEBUG", "SLEEP", seconds)
+    finally:
+        await client.aclose()
+
+
+async def _in_flight(client: Redis, state: SharedState, key: str) -> int:
+    return int(await client.zcard(state.key("rate", key, "c")))
+
+
+async def test_concurrency_slots_redis_charged_after_the_replica_gave_up_are_given_back(
+    redis: RedisServer, replicas: Replicas
+) -> None:
+    """Redis stalls past `timeout_s` while a key's requests ask for slots: the replica lets them
+    through uncounted (`on_error: open`), and Redis charges them once the stall ends. Those
+    charges are given back by their tokens, well within the lease, so the key is not locked out."""
+    state = replicas.open(redis.url, timeout_s=0.3, recheck_s=0.2, lease_s=60)
+    store, limits = RedisRateStore(state), Limits(max_concurrency=3)
+    assert (await store.acquire("other", limits, 0, 0.0)).recorded  # the scripts are loaded
+    stall = asyncio.ensure_future(_debug_sleep(redis, 2.0))
+    async with asyncio.timeout(10):
+        while await redis.ping():
+            await asyncio.sleep(0.01)
+    during = await asyncio.gather(*[store.acquire("k", limits, 0, 0.0) for _ in range(3)])
+    assert all(v.allowed and not v.recorded for v in during)
+    await stall
+
+    # Redis answers again and runs the charges: they are given back, well within the 60 s lease.
+    client = redis.client()
+    try:
+        async with asyncio.timeout(20):
+            while await _in_flight(client, state, "k") > 0:
+                await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+    # Three slots free (requests let through uncounted while the replica waits out `recheck_s`
+    # do not count).
+    recorded = 0
+    async with asyncio.timeout(20):
+        while recorded < 3:
+            verdict = await store.acquire("k", limits, 0, 0.0)
+            assert verdict.allowed, verdict
+            recorded += verdict.recorded
+            await asyncio.sleep(0 if verdict.recorded else 0.05)

@@ -322,7 +322,8 @@ class StateConfig(Strict):
     its policy for `recheck_s` before trying Redis again. `on_error` says what a rate-limited
     request gets meanwhile: `open` lets it through uncounted, `closed` refuses it (503).
     Slow-client lookups fall back to the replica's own memory either way. A key's concurrency
-    slots held by a replica that died are freed once the key has been idle for `lease_s`."""
+    slot is a lease its replica renews while the request runs: one held by a replica that died,
+    or charged by Redis after the replica gave up waiting, is freed within `lease_s`."""
 
     redis_url: str | None = None
     redis_url_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -331,7 +332,10 @@ class StateConfig(Strict):
     recheck_s: float = Field(1.0, gt=0, le=300)
     key_prefix: str = Field("lane-router:", max_length=64)
     max_connections: int = Field(64, ge=1, le=4096)
-    lease_s: float = Field(3600.0, ge=60)
+    lease_s: float = Field(60.0, ge=1, le=86400)
+    heartbeat_s: float = Field(2.0, gt=0, le=60)
+    """How often each process renews its hold on admission slots; a process's slots outlive its
+    last heartbeat by five of these."""
 
     @field_validator("redis_url")
     @classmethod

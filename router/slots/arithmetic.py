@@ -19,6 +19,7 @@ from router.admission import PrefillLimits
 NO_ROOM = 0  # no candidate has prefill room for this request
 LANE_FULL = -1  # the lane has no in-flight slot left
 UNKNOWN_HOLDER = -2  # the holder has no heartbeat: it was reaped, or Redis lost its data
+SETTLING = -3  # Redis lost its data moments ago: processes re-home what they hold first
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ class TakeRule:
     lane_limit: int | None
     long: bool
     limits: PrefillLimits
+    lane_part: int | None = None  # this process's part of the lane limit, recorded with the take
 
 
 def take(lane_count: int, candidates: Sequence[SlotCounts], rule: TakeRule, known: bool = True) -> int:

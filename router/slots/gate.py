@@ -10,7 +10,8 @@ anyone here waits), and at least every RECHECK_S.
 
 While the store is local (Redis failed moments ago) the gate is a plain `PoolGate` on this
 process's parts of the limits, over the same own counts, which the store re-homes to Redis
-once it is back."""
+once it is back; a lane's part is less what the other processes held beyond theirs at the last
+look (router/slots/store.py), so the processes together stay within the lane's limit."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from router.admission import PrefillLimits, choose_backend
 from router.balance import corrected_load
 from router.poolgate import Members, PoolGate, Ticket, _Waiter, charge, routable_for
-from router.slots.arithmetic import LANE_FULL, NO_ROOM, SlotCounts, TakeRule
+from router.slots.arithmetic import LANE_FULL, NO_ROOM, SETTLING, SlotCounts, TakeRule
 from router.slots.budget import Share
 from router.slots.store import Change, SlotStore, TakeAnswer, limit_arg
 
@@ -86,11 +87,29 @@ class SharedPoolGate(PoolGate):
     def held(self) -> tuple[list[Backend], list[Lane]]:
         return list(self._backends), list(self._lanes)
 
+    def lane_part(self, lane: Lane) -> int | None:
+        """This process's part of the lane's `max_in_flight`, as the profile splits it."""
+        return PoolGate.lane_limit(self, lane)
+
+    def lane_limit(self, lane: Lane) -> int | None:
+        """While counting locally: this process's part, less what the other processes held
+        beyond theirs when it last looked at Redis (what they hold counts against the limit
+        as much as what this process holds)."""
+        part = self.lane_part(lane)
+        if part is None:
+            return None
+        return max(0, part - self.store.excess(lane))
+
     # -- taking -----------------------------------------------------------------------------
 
     def try_take(self, ticket: Ticket) -> Backend | None:
         if not self.store.serves_locally():
             return None
+        lane = ticket.lane
+        if not ticket.holds_lane:
+            limit = self.lane_limit(lane)
+            if limit is not None and lane.in_flight >= limit:
+                return None
         backend = super().try_take(ticket)
         if backend is not None:
             self._note(ticket, backend)
@@ -99,14 +118,24 @@ class SharedPoolGate(PoolGate):
 
     async def acquire(self, ticket: Ticket) -> Backend:
         if not await self.store.ready():
-            return await super().acquire(ticket)
+            return await self._acquire_locally(ticket)
         if not self.waiting:
             backend = await self._take(ticket)
             if backend is not None:
                 return backend
             if not self.store.counts_shared:
-                return await super().acquire(ticket)
+                return await self._acquire_locally(ticket)
         self.refuse_hopeless(ticket, self.whole, ticket.lane.config.max_in_flight)
+        return await self.wait(ticket)
+
+    async def _acquire_locally(self, ticket: Ticket) -> Backend:
+        """`PoolGate.acquire` on this process's parts. A part reduced to nothing by what the
+        others hold is waited out (Redis may come back), not refused as a part of 0 is."""
+        if not self.waiting:
+            backend = self.try_take(ticket)
+            if backend is not None:
+                return backend
+        self.refuse_hopeless(ticket, self.limits, self.lane_part(ticket.lane))
         return await self.wait(ticket)
 
     async def _take(self, ticket: Ticket) -> Backend | None:
@@ -124,7 +153,9 @@ class SharedPoolGate(PoolGate):
 
     def _rule(self, ticket: Ticket) -> TakeRule:
         lane = ticket.lane
-        return TakeRule(not ticket.holds_lane, lane.config.max_in_flight, ticket.long, self.whole)
+        return TakeRule(
+            not ticket.holds_lane, lane.config.max_in_flight, ticket.long, self.whole, self.lane_part(lane)
+        )
 
     def _order(self, ticket: Ticket) -> list[Backend]:
         seen = [self._view(b) for b in routable_for(self._pool, ticket)]
@@ -270,6 +301,8 @@ class SharedPoolGate(PoolGate):
                 continue
             order, rule = self._order(ticket), self._rule(ticket)
             answer = await self.store.take(ticket.lane, order, rule) if order else _NOWHERE
+            if answer is not None and answer.result == SETTLING:
+                break  # nobody is granted a slot until the processes have re-homed
             if answer is None or answer.result < LANE_FULL:
                 return True  # the store is local, or re-homing: look again in its new mode
             if answer.result == LANE_FULL:

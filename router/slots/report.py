@@ -37,6 +37,7 @@ def _processes(cfg: ProfileConfig, workers: int) -> str:
     if cfg.state.shared:
         return (
             f"{count}; with state: all count against the whole limits in Redis, each against its "
-            "part below while Redis is unreachable"
+            "part below while Redis is unreachable (a lane's part less what the others held beyond "
+            "theirs at its last look)"
         )
     return f"{count}; without state: each enforces its part below"

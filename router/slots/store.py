@@ -1,22 +1,40 @@
 """A router process's admission counts in Redis, shared with every other router process.
 
-Each process holds its slots under a *holder* id, with a heartbeat key it renews every BEAT_S
-for LEASE_S. A take is one script (router/slots/scripts.py `TAKE`): check the lane's and the
-backends' totals, charge the first backend with room, answer with the counts. Releases are
-queued and sent together, at most one script per turn of the event loop, in the background: a
-request never waits for its release. Any process's heartbeat script drops the holders whose
-lease ran out, so the slots of a process that died come back by themselves within the lease.
+Each process holds its slots under a *holder* id, with a heartbeat key it renews every
+`state.heartbeat_s` for LEASE_BEATS heartbeats (the lease). A take is one script
+(router/slots/scripts.py `TAKE`): check the lane's and the backends' totals, charge the first
+backend with room, answer with the counts. Releases are queued and sent together, at most one
+script per turn of the event loop, in the background: a request never waits for its release.
+Any process's heartbeat script drops the holders whose lease ran out, so the slots of a process
+that died (SIGKILL included) come back by themselves within the lease plus one heartbeat of
+whichever process is still alive.
 
 The process keeps its own counts too (the `Backend` and `Lane` counters), and they are the
 truth about what it holds. So when Redis fails — a take, a release or a heartbeat — the store
 turns *local*: admission counts this process's own requests against its part of each limit
-(router/slots/budget.py) and Redis is left alone. Once `recheck_s` has passed, the next
-admission (or the heartbeat, for an idle process) *re-homes*: one script drops every holder
-this process used before and charges all it holds now under a new holder, so Redis again holds
-exactly what every process holds, whatever was lost meanwhile (releases that failed, takes
-whose answer timed out, a Redis that restarted empty). A process starts local and re-homes on
-its first admission. Every change is tagged with its holder; changes of a holder that was
-re-homed away are dropped, since the holder's whole count went with it."""
+(router/slots/budget.py) and Redis is left alone. A process may hold more than its part while
+counts are shared, so a lane's part is first reduced by what the other processes held beyond
+theirs as far as it knows: every take's answer and every heartbeat say it, and a take beyond a
+part is published to every process at once (`slots:over`; releases are learnt at the next
+heartbeat, so the reduction errs on the safe side meanwhile). A holding a lane's 4 slots where
+each part is 2 leaves B no slot of it until Redis is back. Slots taken in the instant before
+Redis failed, whose news had not arrived, are not known; a WARNING and
+`lane_router_shared_slots_inexact_total{reason="fallback"}` say so whenever a process falls back.
+(The pools' per-backend prefill parts are not reduced so.) Once `recheck_s` has passed, the
+next admission or heartbeat *re-homes*: one script drops every holder this process used before
+and charges all it holds now under a new holder, so Redis again holds exactly what every
+process holds, whatever was lost meanwhile (releases that failed, takes whose answer timed out
+and were charged late, a Redis that restarted empty). A process starts local and re-homes at
+its first heartbeat. Every change is tagged with its holder; changes of a holder that was
+re-homed away are dropped, since the holder's whole count went with it.
+
+A Redis that lost its data (restarted empty) must not grant the slots its holders still hold:
+the first re-homing there opens a new *epoch* (router/slots/scripts.py `REHOME`) that names the
+processes this one saw alive at its last heartbeat, and no slot is granted until each of them
+has re-homed (each notices at its next heartbeat) or a lease has passed. A process that
+re-homes holdings into such a Redis without having been awaited says so (WARNING,
+`reason="late_rehome"`): slots may have been granted twice meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +44,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,8 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lane_router.slots")
 
-LEASE_S = 10.0  # a holder's slots outlive its last heartbeat by this long
-BEAT_S = 2.0
+LEASE_BEATS = 5  # a holder's slots outlive its last heartbeat by this many heartbeats
 WATCH_IDLE_S = 5.0  # how long a subscription read waits for a message before reading again
 _STALE_KEPT = 8  # earlier holders remembered for dropping; one forgotten expires by its lease
 
@@ -74,6 +92,7 @@ class TakeAnswer:
     result: int  # the candidate taken (1-based), else router/slots/arithmetic.py's reasons
     lane_count: int
     counts: tuple[SlotCounts, ...]  # every candidate's, after the take
+    excess: int = 0  # what other holders hold of the lane beyond their parts
 
 
 class Holding(Protocol):
@@ -82,6 +101,8 @@ class Holding(Protocol):
     waiting: int
 
     def held(self) -> tuple[Iterable[Backend], Iterable[Lane]]: ...
+
+    def lane_part(self, lane: Lane) -> int | None: ...
 
     def wake(self) -> None: ...
 
@@ -97,8 +118,20 @@ class SlotStore:
         self._take = client.register_script(scripts.TAKE)
         self._adjust = client.register_script(scripts.ADJUST)
         self._beat = client.register_script(scripts.BEAT)
+        self._rehome_script = client.register_script(scripts.REHOME)
+        self.beat_s = state.config.heartbeat_s
+        self.lease_s = LEASE_BEATS * self.beat_s
         self.mode = Mode.LOCAL
-        self.holder = _new_holder()
+        self.run = _new_run()
+        self._generation = 0
+        self.holder = self._new_holder()
+        self._peers: list[str] = []  # the other processes' runs, at the last heartbeat
+        self._excess: dict[str, int] = {}  # per lane hash, at the last look
+        self._looked_at: float | None = None
+        self._epoch: str | None = None
+        self._lost_holding = False
+        self._inexact = state.metrics.shared_slots_inexact
+        self._excess_gauge = state.metrics.shared_slots_excess
         self._stale: list[str] = []
         self._gates: weakref.WeakSet[Any] = weakref.WeakSet()
         self._pending: list[Change] = []
@@ -110,7 +143,11 @@ class SlotStore:
         self._keys = state.key("slots", "keys")
         self._holders = state.key("slots", "holders")
         self._hb_prefix = state.key("slots", "hb", "")
+        self._epoch_key = state.key("slots", "epoch")
+        self._expect_key = state.key("slots", "expect")
+        self._lane_prefix = state.key("slots", "lane", "")
         self.channel = state.key("slots", "freed")
+        self.over_channel = state.key("slots", "over")
         self._names: dict[tuple[str, str], str] = {}
         state.on_close(self.aclose)
 
@@ -135,6 +172,7 @@ class SlotStore:
 
     async def ready(self) -> bool:
         """Whether counts are shared now, re-homing first when that is due."""
+        self._start_beating()
         if self.mode is Mode.SHARED:
             return True
         if self.mode is Mode.REHOMING or self._state.available():
@@ -146,6 +184,19 @@ class SlotStore:
 
     def register(self, gate: Holding) -> None:
         self._gates.add(gate)
+        with contextlib.suppress(RuntimeError):  # no loop yet: `start` or the first admission
+            asyncio.get_running_loop()
+            self.start()
+
+    def start(self) -> None:
+        """Beat and listen from now on: an idle process re-homes, and learns what the others
+        hold, too."""
+        self._start_beating()
+        self.watch()
+
+    def excess(self, lane: Lane) -> int:
+        """What other processes held of `lane` beyond their parts, at this one's last look."""
+        return self._excess.get(self.lane_key(lane), 0)
 
     def lane_key(self, lane: Lane) -> str:
         return self._name("lane", lane.name)
@@ -175,16 +226,36 @@ class SlotStore:
             int(rule.long),
             limit_arg(limits.max_prefilling),
             limit_arg(limits.max_long_prefilling),
+            self._epoch_key,
+            self._expect_key,
+            limit_arg(rule.lane_part),
+            self.over_channel,
         ]
         try:
             reply = await self._state.run("slot_take", _script(self._take, keys, args))
         except SharedStateDown:
             self._go_local()
             return None
-        answer = TakeAnswer(holder, int(reply[0]), int(reply[1]), _counts(reply[2:]))
+        answer = TakeAnswer(holder, int(reply[0]), int(reply[1]), _counts(reply[2:-1]), int(reply[-1]))
         if answer.result == UNKNOWN_HOLDER:
             self._lost(holder)
+        elif self.mode is Mode.SHARED:
+            self._saw({keys[2]: answer.excess})
         return answer
+
+    def _saw(self, excess: dict[str, int]) -> None:
+        """Note what other processes hold beyond their parts, as Redis just said."""
+        self._excess.update(excess)
+        self._looked_at = time.monotonic()
+        for key, over in excess.items():
+            self._excess_gauge.labels(key.removeprefix(self._lane_prefix)).set(over)
+
+    def _heard_over(self, message: str) -> None:
+        """Another process took a lane's slot beyond its part: one more to keep clear of should
+        Redis fail before the next look (which replaces the count by Redis's own)."""
+        holder, _, key = message.partition(" ")
+        if _run_of(holder) != self.run and key:
+            self._saw({key: self._excess.get(key, 0) + 1})
 
     def give_back(self, changes: Iterable[Change]) -> None:
         """Queue releases; they are sent together on the next turn of the event loop."""
@@ -226,7 +297,7 @@ class SlotStore:
     ) -> bool:
         """One `ADJUST` script; whether `holder` is known to Redis afterwards."""
         keys, moves = _grouped(changes)
-        lease_ms = int(LEASE_S * 1000)
+        lease_ms = int(self.lease_s * 1000)
         args: list[Any] = [holder, lease_ms, self._hb_prefix, self.channel, int(register), len(drop), *drop]
         args += moves
         script_keys = [self._keys, self._holders, self._hb_prefix + holder, *keys]
@@ -247,13 +318,14 @@ class SlotStore:
     async def _rehome(self) -> None:
         self.mode = Mode.REHOMING
         self._stale = [*self._stale, self.holder][-_STALE_KEPT:]
-        self.holder = holder = _new_holder()
-        held = self._held(holder)
+        self.holder = holder = self._new_holder()
+        held = self._held()
         try:
-            await self._apply("slot_sync", holder, held, drop=self._stale, register=True)
+            reply = await self._state.run("slot_sync", self._rehome_call(holder, held))
         except SharedStateDown:
             self._go_local()
             return
+        self._rehomed_into(_text(reply[0]), bool(int(reply[1]) or int(reply[2])), held)
         self._stale = []
         self.mode = Mode.SHARED
         self._start_beating()
@@ -262,33 +334,89 @@ class SlotStore:
             self._flush_now()
         self.wake_all()
 
-    def _held(self, holder: str) -> list[Change]:
-        """Everything the process's gates hold now, as changes charging it to `holder`."""
+    def _rehome_call(self, holder: str, held: Sequence[Change]) -> Callable[[Redis], Awaitable[Any]]:
+        keys: list[str] = []
+        position: dict[str, int] = {}
+        charges: list[Any] = []
+        for c in held:
+            if c.key not in position:
+                keys.append(c.key)
+                position[c.key] = len(keys)
+            charges += [position[c.key], c.counter, c.delta, c.limit]
+        script_keys = [self._keys, self._holders, self._hb_prefix + holder, self._epoch_key, self._expect_key]
+        lease_ms = int(self.lease_s * 1000)
+        args: list[Any] = [holder, lease_ms, self._hb_prefix, self.channel, self.run, lease_ms]
+        args += [len(self._stale), *self._stale, len(self._peers), *self._peers, *charges]
+        return _script(self._rehome_script, [*script_keys, *keys], args)
+
+    def _rehomed_into(self, epoch: str, expected: bool, held: Sequence[Change]) -> None:
+        """Say so when this process re-homed holdings into a Redis that may have granted them
+        to others meanwhile: one that lost its data without awaiting this process, or that
+        dropped this process's holder (it missed its heartbeats for a lease)."""
+        before, self._epoch = self._epoch, epoch
+        lost, self._lost_holding = self._lost_holding, False
+        holding = sum(c.delta for c in held if c.counter == "f")
+        if not holding or expected or (before in (None, epoch) and not lost):
+            return
+        self._inexact.labels("late_rehome").inc()
+        log.warning(
+            "shared admission counts: this process re-homed %d request(s) it holds into Redis after "
+            "%s; other processes may have been granted the same slots meanwhile, so the limits may "
+            "be exceeded until these requests end",
+            holding,
+            "Redis lost its data" if before != epoch else "its holder was dropped",
+        )
+
+    def _held(self) -> list[Change]:
+        """Everything the process's gates hold now, as charges (a lane's with this process's
+        part of its limit)."""
         changes: list[Change] = []
-        lanes: set[Lane] = set()
+        lanes: dict[Lane, int | None] = {}
         for gate in list(self._gates):
             backends, gate_lanes = gate.held()
             for b in backends:
                 key = self.backend_key(b)
                 for counter, n in (("f", b.in_flight), ("p", b.prefilling), ("l", b.long_prefilling)):
                     if n > 0:
-                        changes.append(Change(holder, key, counter, n))
-            lanes.update(gate_lanes)
-        changes += [Change(holder, self.lane_key(la), "f", la.in_flight) for la in lanes if la.in_flight > 0]
+                        changes.append(Change("", key, counter, n))
+            for la in gate_lanes:
+                lanes[la] = gate.lane_part(la)
+        changes += [
+            Change("", self.lane_key(la), "f", la.in_flight, limit_arg(part))
+            for la, part in lanes.items()
+            if la.in_flight > 0
+        ]
         return changes
 
-    def _go_local(self) -> None:
+    def _go_local(self, failed: bool = True) -> None:
         if self.mode is Mode.LOCAL:
             return
-        self.mode = Mode.LOCAL
+        shared, self.mode = self.mode is Mode.SHARED, Mode.LOCAL
         self._pending.clear()
+        if failed and shared:  # once per outage: not again for every re-homing that fails
+            self._fell_back()
         self.wake_all()  # whoever waits is served from this process's parts now
+
+    def _fell_back(self) -> None:
+        """Say what the parts this process now counts against are based on, and what they
+        cannot know."""
+        self._inexact.labels("fallback").inc()
+        over = {k.removeprefix(self._lane_prefix): n for k, n in self._excess.items() if n > 0}
+        age = "never" if self._looked_at is None else f"{time.monotonic() - self._looked_at:.1f} s ago"
+        log.warning(
+            "shared admission counts: Redis unavailable; each lane's part of this process is reduced "
+            "by what other processes hold beyond theirs as far as it knows (last look at Redis %s: "
+            "%s); slots they took since then are not known, so a lane may exceed its limit by them",
+            age,
+            ", ".join(f"{lane} {n}" for lane, n in sorted(over.items())) or "none",
+        )
 
     def _lost(self, holder: str) -> None:
         """Redis no longer knows `holder` (reaped after a stall, or its data lost): re-home."""
         if holder == self.holder and self.mode is Mode.SHARED:
             log.warning("shared admission counts: this process's holder was dropped; re-homing")
-            self._go_local()
+            self._lost_holding = True
+            self._go_local(failed=False)  # Redis answers: re-homing at once, not counting locally
             self._spawn(self._rehome_once())
 
     def wake_all(self) -> None:
@@ -305,28 +433,38 @@ class SlotStore:
 
     async def _beat_forever(self) -> None:
         while True:
-            await asyncio.sleep(BEAT_S)
+            if self.mode is Mode.LOCAL and self._state.available():
+                await self._rehome_once()
+            # Counting locally, Redis's return is looked for as often as `recheck_s` allows.
+            local = self.mode is not Mode.SHARED
+            await asyncio.sleep(min(self.beat_s, self._state.config.recheck_s) if local else self.beat_s)
             if self.mode is Mode.SHARED:
                 await self._beat_once()
-            elif self.mode is Mode.LOCAL and self._state.available():
-                await self._rehome_once()
 
     async def _beat_once(self) -> None:
         holder = self.holder
         keys = [self._keys, self._holders]
-        args = [holder, int(LEASE_S * 1000), self._hb_prefix, self.channel]
+        args = [holder, int(self.lease_s * 1000), self._hb_prefix, self.channel, self._lane_prefix]
         try:
-            known, dropped = await self._state.run("slot_beat", _script(self._beat, keys, args))
+            reply = await self._state.run("slot_beat", _script(self._beat, keys, args))
         except SharedStateDown:
             self._go_local()
             return
+        known, dropped, alive = int(reply[0]), int(reply[1]), int(reply[2])
+        if known:
+            runs = {_run_of(_text(h)) for h in reply[3 : 3 + alive]}
+            self._peers = sorted(runs - {self.run})
+            lanes = reply[3 + alive :]
+            seen = {_text(k): int(n) for k, n in zip(lanes[::2], lanes[1::2], strict=True)}
+            self._saw({**dict.fromkeys(self._excess, 0), **seen})
         if int(dropped):
             log.info("shared admission counts: %d holder(s) without a heartbeat dropped", int(dropped))
-        if not int(known):
+        if not known:
             self._lost(holder)
 
     def watch(self) -> None:
-        """Listen for slots freed by other processes (started when someone first waits)."""
+        """Listen for slots freed by other processes, and for slots they take beyond their
+        parts (from the start, or when someone first waits)."""
         if not self._watching:
             self._watching = True
             self._spawn(self._watch_forever())
@@ -335,11 +473,15 @@ class SlotStore:
         while True:
             pubsub = self._state.client.pubsub()
             try:
-                await self._state.run("slot_watch", _subscribe(pubsub, self.channel))
+                await self._state.run("slot_watch", _subscribe(pubsub, self.channel, self.over_channel))
                 self.wake_all()  # anything freed before the subscription took effect
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=WATCH_IDLE_S)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if _text(message["channel"]) == self.over_channel:
+                        self._heard_over(_text(message["data"]))
+                    else:
                         self.wake_all()
             except (SharedStateDown, RedisError, OSError):
                 pass
@@ -348,6 +490,10 @@ class SlotStore:
                     # untyped in redis before 8.2, typed from 8.2 on: either passes the check
                     await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             await asyncio.sleep(self._state.config.recheck_s)
+
+    def _new_holder(self) -> str:
+        self._generation += 1
+        return f"{self.run}/{self._generation}"
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -365,15 +511,23 @@ class SlotStore:
         self.mode = Mode.LOCAL
 
 
-def _subscribe(pubsub: Any, channel: str) -> Callable[[Redis], Awaitable[None]]:
+def _subscribe(pubsub: Any, *channels: str) -> Callable[[Redis], Awaitable[None]]:
     async def call(_: Redis) -> None:
-        await pubsub.subscribe(channel)
+        await pubsub.subscribe(*channels)
 
     return call
 
 
-def _new_holder() -> str:
+def _new_run() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _run_of(holder: str) -> str:
+    return holder.rpartition("/")[0] or holder
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _script(script: Any, keys: list[str], args: list[Any]) -> Callable[[Redis], Awaitable[Any]]:

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from router.admission import PrefillLimits
 from router.slots import scripts
-from router.slots.arithmetic import SlotCounts, TakeRule, release, take, taken
+from router.slots.arithmetic import SETTLING, SlotCounts, TakeRule, release, take, taken
 from tests.redisserver import RedisServer
 
 HB = "t:hb:"
@@ -63,7 +63,7 @@ async def test_take_charges_exactly_what_the_arithmetic_allows(redis: RedisServe
             after = list(candidates)
             if expected > 0:
                 after[expected - 1] = taken(candidates[expected - 1], rule.long)
-            flat = [int(v) for v in reply[2:]]
+            flat = [int(v) for v in reply[2:-1]]
             assert flat == [n for c in after for n in (c.in_flight, c.prefilling, c.long_prefilling)]
             charged_lane = expected > 0 and rule.take_lane
             assert int(reply[1]) == lane_count + charged_lane
@@ -113,17 +113,54 @@ async def test_the_heartbeat_drops_holders_whose_lease_ran_out_and_forgets_empty
         await client.hset("lane", mapping={"f": 3, "f:dead": 3})
         await client.sadd("keys", "b", "lane")
 
-        known, dropped = await beat(["keys", "holders"], ["alive", 60_000, HB, "chan"])
+        known, dropped, *alive = await beat(["keys", "holders"], ["alive", 60_000, HB, "chan"])
 
         assert (int(known), int(dropped)) == (1, 1)
+        assert alive == [1, b"alive"]
         assert await client.hgetall("b") == {b"f": b"2", b"f:alive": b"2", b"p": b"0"}
         assert await client.exists("lane") == 0  # nobody holds anything on it any more
         assert await client.smembers("keys") == {b"b"}
         assert await client.smembers("holders") == {b"alive"}
         assert int(await client.pttl(HB + "alive")) > 50_000
 
-        known, _ = await beat(["keys", "holders"], ["gone", 60_000, HB, "chan"])
+        known, *_ = await beat(["keys", "holders"], ["gone", 60_000, HB, "chan"])
         assert int(known) == 0  # a holder without a heartbeat is told, never renewed
         assert await client.exists(HB + "gone") == 0
+    finally:
+        await client.aclose()
+
+
+async def test_an_empty_redis_grants_nothing_until_the_runs_seen_alive_have_re_homed(
+    redis: RedisServer,
+) -> None:
+    client = redis.client()
+    rehome, take = client.register_script(scripts.REHOME), client.register_script(scripts.TAKE)
+    common = ["keys", "holders"]
+    epoch = ["epoch", "expect"]
+
+    async def join(run: str, peers: list[str], charges: list[Any]) -> list[Any]:
+        holder = f"{run}/1"
+        keys = [*common, HB + holder, *epoch, "lane"]
+        args = [holder, 60_000, HB, "chan", run, 60_000, 0, len(peers), *peers, *charges]
+        reply: list[Any] = await rehome(keys, args)
+        return reply
+
+    async def take_lane(run: str) -> int:
+        holder = f"{run}/1"
+        keys = ["keys", HB + holder, "lane", "b0"]
+        args = [holder, 1, 4, 0, -1, -1, *epoch, 2]
+        reply: list[Any] = await take(keys, args)
+        return int(reply[0])
+
+    try:
+        # B re-homes first into the empty Redis: it saw A alive, so nothing is granted...
+        created = await join("B", ["A"], [])
+        assert [int(v) for v in created[1:]] == [1, 0, 1]  # created, not awaited, 1 run awaited
+        assert await take_lane("B") == SETTLING
+        # ... until A has charged the 4 slots it holds (its part being 2).
+        joined = await join("A", ["B"], [1, "f", 4, 2])
+        assert [int(v) for v in joined[1:]] == [0, 1, 0]
+        assert await take_lane("B") == -1  # the lane is full: A holds all of it
+        assert await client.hget("lane", "x:A/1") == b"2"
     finally:
         await client.aclose()

@@ -209,12 +209,10 @@ async def test_redis_away_means_each_process_keeps_to_its_part_and_back_means_ex
 
 
 async def test_slots_of_a_process_that_stopped_beating_come_back_after_the_lease(
-    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+    redis: RedisServer,
 ) -> None:
-    monkeypatch.setattr(store_module, "LEASE_S", 1.0)
-    monkeypatch.setattr(store_module, "BEAT_S", 0.1)
-    dead = build_runtime(parse_profile(shaped(redis.url)), Metrics())
-    alive = build_runtime(parse_profile(shaped(redis.url)), Metrics())
+    dead = build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics())
+    alive = build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics())
     try:
         for _ in range(LANE):
             await gate_of(dead).acquire(ticket(dead))
