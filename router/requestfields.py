@@ -180,7 +180,10 @@ DEFAULT_LIMITS: Final[Mapping[str, int]] = {
 
 # The bounded fields that are counts, in the order they are checked.
 _COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
-_COUNTED: Final = frozenset(_COUNTED_ORDER)
+# `logprob_token_ids` asks for the logprobs of the tokens it lists at every output position, in
+# place of the top ones (vLLM 0.32 takes up to 128): its length is an output logprobs width.
+_TOKEN_IDS: Final = "logprob_token_ids"
+_COUNTED: Final = frozenset((*_COUNTED_ORDER, _TOKEN_IDS))
 
 
 # With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
@@ -242,8 +245,25 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
             raise BadRequest(f"'{name}' must be an integer", code=f"invalid_{name}")
         _within(name, value, limits[name], "")
     echoed = _ECHOED.get(endpoint)
-    if echoed is not None and data.get("echo") is not None:
+    if echoed is None:
+        return
+    if data.get(_TOKEN_IDS) is not None:
+        _check_token_ids(data[_TOKEN_IDS], echoed, limits)
+    if data.get("echo") is not None:
         _check_echo(data, echoed, limits)
+
+
+def _check_token_ids(ids: Any, width: str, limits: Mapping[str, int]) -> None:
+    """The listed tokens' logprobs are output logprobs, at the width of `top_logprobs` (chat)
+    or `logprobs` (completions): held to that field's bound."""
+    if not isinstance(ids, list):
+        raise BadRequest(f"'{_TOKEN_IDS}' must be an array of token ids", code=f"invalid_{_TOKEN_IDS}")
+    if width in limits and len(ids) > limits[width]:
+        raise BadRequest(
+            f"'{_TOKEN_IDS}' lists {len(ids)} tokens, a logprobs width like '{width}'; this key "
+            f"may ask for at most {limits[width]}",
+            code="field_limit_exceeded",
+        )
 
 
 def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int]) -> None:

@@ -144,3 +144,17 @@ def test_config_refuses_unknown_allow_names_and_limits() -> None:
 
 def test_unknown_names_lists_what_no_route_knows() -> None:
     assert unknown_names(("priority", "messages", "bogus")) == ["bogus"]
+
+
+@pytest.mark.parametrize(("endpoint", "flag"), [("chat", True), ("completions", 1)])
+def test_listed_logprob_tokens_are_held_to_the_logprobs_width(endpoint: Endpoint, flag: object) -> None:
+    # vLLM returns the listed tokens' logprobs at every output position in place of the top ones.
+    limit = DEFAULT_LIMITS["top_logprobs" if endpoint == "chat" else "logprobs"]
+    body = {**BASE[endpoint], "logprobs": flag}
+    check_fields(endpoint, {**body, "logprob_token_ids": list(range(limit))}, DEFAULT)
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**body, "logprob_token_ids": list(range(limit + 1))}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded" and "logprob_token_ids" in info.value.message
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**body, "logprob_token_ids": {"1": 2}}, DEFAULT)
+    assert info.value.code == "invalid_logprob_token_ids"
