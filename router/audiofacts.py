@@ -9,7 +9,7 @@ stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests h
 vLLM splits a recording longer than 30 s into clips (each but the last at least 29 s long, as
 it cuts within the last second of a window) and runs every clip as its own request, with the
 request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
-is bounded by its size at the bitrate a WAV header states (router.wavheader), else at
+is bounded by its size at the bitrate a trusted WAV header states (router.wavheader), else at
 `prompt_costs.audio_min_bitrate`, and by `prompt_costs.audio_max_duration_s` (vLLM refuses a
 longer recording); each clip costs the prompt, one audio placeholder (`prompt_costs.audio`)
 and — as one more sequence — the output bound."""

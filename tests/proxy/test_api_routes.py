@@ -270,6 +270,70 @@ def test_a_wav_header_bounds_the_duration_by_its_own_bitrate() -> None:
         wav_bitrate(_wav(16_000, 2, 0.1, junk=HEAD_BYTES)[:HEAD_BYTES])
 
 
+def _riff(fmt: bytes, data: bytes, *, before: bytes = b"") -> bytes:
+    """A WAV file of the given format chunk body and data, with other chunks before the first."""
+    body = b"WAVE" + before + b"fmt " + len(fmt).to_bytes(4, "little") + fmt
+    body += b"data" + len(data).to_bytes(4, "little") + data
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+def _fmt(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> bytes:
+    align = max(1, channels * bits // 8)
+    head = tag.to_bytes(2, "little") + channels.to_bytes(2, "little") + rate.to_bytes(4, "little")
+    sizes = (rate * align).to_bytes(4, "little") + align.to_bytes(2, "little")
+    return head + sizes + bits.to_bytes(2, "little") + extra
+
+
+_PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+_SPDIF_BURST = b"\x72\xf8\x1f\x4e\x01\x00\x00\x10"  # IEC 61937 preamble: an AC-3 burst
+
+
+def _extensible(tag: int, tail: bytes = _PCM_GUID_TAIL) -> bytes:
+    # cbSize 22: valid bits, channel mask, then the sub-format GUID (its tag first).
+    return _fmt(0xFFFE, 2, 48_000, 16, b"\x16\x00\x10\x00\x03\x00\x00\x00" + tag.to_bytes(2, "little") + tail)
+
+
+def test_a_wav_header_is_trusted_only_where_every_decoder_reads_it_so() -> None:
+    silence = b"\x00" * 4000
+    assert wav_bitrate(_riff(_fmt(1, 2, 48_000, 16), silence)) == 1_536_000
+    assert wav_bitrate(_riff(_extensible(1), silence)) == 1_536_000
+    # A-law and µ-law are one byte a sample, whatever width the header states.
+    assert wav_bitrate(_riff(_fmt(6, 1, 8_000, 16), silence)) == 64_000
+    untrusted = [
+        _riff(_fmt(0x55, 2, 48_000, 0), silence),  # MP3 frames: decoded at their own rate
+        _riff(_fmt(0x11, 1, 8_000, 4), silence),  # IMA ADPCM: coded
+        _riff(_extensible(0x55), silence),
+        _riff(_extensible(1, b"\x00" * 14), silence),  # not the PCM sub-format
+        _riff(_fmt(1, 2, 48_000, 16), silence, before=b"JUNK\x01\x00\x00\x00\x00\x00"),  # odd size
+        _riff(_fmt(1, 2, 48_000, 16), silence, before=b"fmt \x10\x00\x00\x00" + _fmt(1, 1, 8_000, 8)),
+        _riff(_fmt(1, 2, 48_000, 16), silence[:1000] + _SPDIF_BURST + silence),
+        # The head of an ACT recording (G.729 at 8 kbit/s behind a PCM header).
+        _riff(_fmt(1, 1, 8_000, 16), b"\x00" * 212 + b"\x84" + silence),
+    ]
+    assert [wav_bitrate(data) for data in untrusted] == [None] * len(untrusted)
+
+
+@pytest.mark.parametrize(
+    "upload",
+    [
+        _riff(_fmt(0x55, 8, 192_000, 0), b"\xff\xf3" * 300_000),
+        _riff(_fmt(1, 2, 48_000, 16), _SPDIF_BURST + b"\x00" * 600_000),
+    ],
+    ids=["mp3-in-wav", "iec61937-in-pcm"],
+)
+async def test_a_wav_header_a_decoder_does_not_follow_does_not_lower_the_charge(upload: bytes) -> None:
+    # 600 kB held at the floor bitrate: 600 s, 21 clips; by the header's rate, one or two.
+    async with (
+        _metered_stack(tpm=2_000_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        client(stack.url) as http,
+    ):
+        files = {"file": ("clip.wav", upload, "audio/wav")}
+        data = {"model": MODEL, "max_completion_tokens": "100"}
+        resp = await http.post("/v1/audio/transcriptions", files=files, data=data)
+    assert resp.status_code == 200, resp.text
+    assert int(resp.headers["x-lane-router-prompt-tokens"]) >= 21 * 1500
+
+
 async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
     async with (
         _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack,
