@@ -85,7 +85,6 @@ _SAMPLING: Final = frozenset(
         "structured_outputs",
         "return_tokens_as_token_ids",
         "return_token_ids",
-        "repetition_detection",
         "thinking_token_budget",
         "stream_interval",
         "watermarking",
@@ -142,9 +141,13 @@ OPEN_FIELDS: Final[Mapping[Endpoint, frozenset[str]]] = {
 }
 
 # The engine's own knobs: scheduling order, cache isolation, request identity, templates,
-# multimodal preprocessing, disaggregated-serving hand-offs and extension parameters.
+# multimodal preprocessing, disaggregated-serving hand-offs and extension parameters; and
+# `repetition_detection`, which vLLM's scheduler checks after every output token in a loop over
+# every pattern size up to the one asked for: an unbounded size costs the engine's one
+# scheduling thread time quadratic in the output, for every tenant.
 ENGINE_FIELDS: Final = frozenset(
     {
+        "repetition_detection",
         "priority",
         "cache_salt",
         "request_id",

@@ -294,6 +294,15 @@ async def test_listed_logprob_tokens_beyond_the_keys_width_are_refused(
     assert stack.forwarded() == 0
 
 
+async def test_repetition_detection_is_refused_to_a_key_without_leave(stack: Stack) -> None:
+    body = {**CHAT, "repetition_detection": {"max_pattern_size": 1_000_000_000, "min_count": 2}}
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+    assert resp.status_code == 403, resp.text
+    assert resp.json()["error"]["code"] == "field_not_allowed"
+    assert stack.forwarded() == 0
+
+
 @pytest.mark.parametrize("fields", [{}, {"n": 8}, {"max_completion_tokens": None}])
 async def test_a_request_stating_no_bound_is_classed_by_the_bound_the_router_writes(
     stack: Stack, fields: dict[str, object]

@@ -158,3 +158,15 @@ def test_listed_logprob_tokens_are_held_to_the_logprobs_width(endpoint: Endpoint
     with pytest.raises(BadRequest) as info:
         check_fields(endpoint, {**body, "logprob_token_ids": {"1": 2}}, DEFAULT)
     assert info.value.code == "invalid_logprob_token_ids"
+
+
+def test_repetition_detection_is_an_engine_knob() -> None:
+    # vLLM's scheduler loops over every pattern size up to max_pattern_size after each token.
+    body = {
+        **BASE["chat"],
+        "repetition_detection": {"max_pattern_size": 1_000_000_000, "min_count": 2},
+    }
+    with pytest.raises(Forbidden) as info:
+        check_fields("chat", body, DEFAULT)
+    assert info.value.code == "field_not_allowed"
+    check_fields("chat", body, FieldPolicy(allow=frozenset({"repetition_detection"})))
