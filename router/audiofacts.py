@@ -11,8 +11,8 @@ it cuts within the last second of a window) and runs every clip as its own reque
 request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
 is bounded by its size at the bitrate a trusted WAV header states (router.wavheader), else at
 `prompt_costs.audio_min_bitrate`, and by `prompt_costs.audio_max_duration_s` (vLLM refuses a
-longer recording); each clip costs the prompt, one audio placeholder (`prompt_costs.audio`)
-and — as one more sequence — the output bound."""
+longer recording); each clip costs the prompt and `hotwords` (which some models' prompts carry),
+one audio placeholder (`prompt_costs.audio`) and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
@@ -48,10 +48,13 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
+    # Some models' prompts (FunASR's) carry `hotwords` beside the `prompt`, in every clip.
+    hotwords = data.get("hotwords")
+    other = hotwords if isinstance(hotwords, str) else ""
     costs = counter.costs
     bitrate = upload_bitrate(body, form, costs.audio_min_bitrate)
     clips = audio_clips(form.files[0].size, bitrate, costs.audio_max_duration_s)
-    per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
+    per_clip = counter.request() + counter.message("user", text, other, Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
         model=model,

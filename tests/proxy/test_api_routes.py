@@ -334,6 +334,24 @@ async def test_a_wav_header_a_decoder_does_not_follow_does_not_lower_the_charge(
     assert int(resp.headers["x-lane-router-prompt-tokens"]) >= 21 * 1500
 
 
+async def test_hotwords_count_in_every_clip_as_the_prompt_does() -> None:
+    # FunASR's prompt carries the hotwords beside the audio, in every clip vLLM makes.
+    async with (
+        _metered_stack(tpm=2_000_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        client(stack.url) as http,
+    ):
+        files = {"file": ("clip.wav", _upload(60_000), "audio/wav")}
+        base = {"model": MODEL, "max_completion_tokens": "100"}
+        plain = await http.post("/v1/audio/transcriptions", files=files, data=base)
+        hot = await http.post(
+            "/v1/audio/transcriptions", files=files, data={**base, "hotwords": "x" * 30_000}
+        )
+    assert plain.status_code == 200 and hot.status_code == 200, hot.text
+    more = int(hot.headers["x-lane-router-prompt-tokens"]) - int(plain.headers["x-lane-router-prompt-tokens"])
+    # 60 kB at the floor bitrate: 3 clips.
+    assert more >= 3 * 30_000
+
+
 async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
     async with (
         _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack,
