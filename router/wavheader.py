@@ -1,22 +1,19 @@
-"""The bitrate a WAV upload decodes at, read from its header, when every decoder vLLM may use
-reads the file as that header says. Pure.
+"""The bitrate a WAV upload decodes at, read from its header, where the file is one a decoder
+that reads WAV files by their header (libsndfile) reads as that header says. Pure.
 
 An audio upload's duration bounds what vLLM does with it (router.audiofacts). A WAV file of
 whole samples (PCM, IEEE float, A-law, µ-law) says its sample rate, channels and sample width
-in its `fmt ` chunk, and a decoder reads no more samples than its bytes hold at that width: so
-the header bounds the duration from the upload's size. Anything else is not trusted (None: the
-caller charges the upload like any compressed one):
+in its `fmt ` chunk, and such a decoder reads no more samples than its bytes hold at that width:
+so the header bounds the duration from the upload's size. Anything else is not trusted (None:
+the caller charges the upload like any other):
 
 * coded formats (ADPCM, GSM, MP3, AAC… in a WAV file): their frames carry their own rate and
-  size, which FFmpeg follows whatever the header states;
+  size, which decoders follow whatever the header states;
 * a layout decoders may walk differently: an odd-sized chunk (padding rules differ), a second
-  `fmt ` chunk, a `data` chunk not within the first HEAD_BYTES;
-* PCM that FFmpeg — the first decoder vLLM tries — reads as something else: IEC 61937 bursts
-  (compressed audio carried as PCM, decoded at its own rate) in the first 64 KiB of data, or
-  the head of an ACT recording (G.729 at 8 kbit/s behind a WAV header).
+  `fmt ` chunk, a `data` chunk not within the first HEAD_BYTES.
 
-The header is read only from the start of the upload, chunk by chunk; the caller hands in its
-first HEAD_BYTES plus the 64 KiB of data FFmpeg probes."""
+FFmpeg picks its reader by the content, not the header (router.config: `audio_wav_header`).
+The header is read only from the start of the upload, within HEAD_BYTES, chunk by chunk."""
 
 from __future__ import annotations
 
@@ -26,16 +23,12 @@ from router.errors import BadRequest
 from router.multipart import FilePart
 
 HEAD_BYTES: Final = 65536
-# FFmpeg probes this much of a PCM `data` chunk for IEC 61937 bursts.
-_PROBED_DATA: Final = 65536
 _WHOLE: Final = frozenset({1, 3})  # PCM, IEEE float: at the width the header states
 _BYTE_CODED: Final = frozenset({6, 7})  # A-law, µ-law: one byte a sample whatever it states
 _EXTENSIBLE: Final = 0xFFFE
 # The rest of WAVE_FORMAT_EXTENSIBLE's sub-format GUID after its format tag, when the tag is
 # one of the classic ones (little-endian).
 _GUID_TAIL: Final = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
-# The burst preamble of IEC 61937 (Pa 0xF872, Pb 0x4E1F) as 16-bit little-endian samples.
-_IEC61937_SYNC: Final = b"\x72\xf8\x1f\x4e"
 Order = Literal["little", "big"]
 
 
@@ -44,31 +37,27 @@ def _invalid(why: str) -> BadRequest:
 
 
 def upload_heads(body: bytes, files: tuple[FilePart, ...]) -> list[bytes]:
-    """What `wav_bitrate` reads of every file part of a form read by router.multipart: the
-    upload is among them."""
-    span = HEAD_BYTES + 8 + _PROBED_DATA
-    return [body[part.start : part.start + min(part.size, span)] for part in files]
+    """The first HEAD_BYTES of every file part of a form read by router.multipart: the upload is
+    among them."""
+    return [body[part.start : part.start + min(part.size, HEAD_BYTES)] for part in files]
 
 
 def wav_bitrate(data: bytes) -> int | None:
     """The bits a second of this WAV file decodes at, or None if it is not a WAV file or not one
-    every decoder reads as its header says."""
+    read as its header says."""
     kind = data[:4]
     if kind not in (b"RIFF", b"RF64", b"RIFX") or data[8:12] != b"WAVE":
-        return None
-    if _act_head(data):
         return None
     order: Order = "big" if kind == b"RIFX" else "little"
     fmt: bytes | None = None
     at = 12
-    while at + 8 <= min(len(data), HEAD_BYTES):
+    while at + 8 <= len(data):
         name = data[at : at + 4]
         size = int.from_bytes(data[at + 4 : at + 8], order)
         if name == b"data":
             if fmt is None:
                 return None
-            rate = _fmt_bitrate(fmt, order)
-            return None if rate is None or _iec61937(data, at + 8) else rate
+            return _fmt_bitrate(fmt, order)
         if size & 1 or (name == b"fmt " and fmt is not None):
             return None
         if name == b"fmt ":
@@ -98,16 +87,3 @@ def _fmt_bitrate(fmt: bytes, order: Order) -> int | None:
     if tag in _WHOLE:
         return rate * channels * max(8, (bits + 7) // 8 * 8)
     return None
-
-
-def _iec61937(data: bytes, start: int) -> bool:
-    """Whether FFmpeg could find compressed bursts in the PCM data starting at `start`."""
-    return _IEC61937_SYNC in data[start : start + _PROBED_DATA + 8]
-
-
-def _act_head(data: bytes) -> bool:
-    """The head FFmpeg's ACT demuxer claims over the WAV one: a 16-byte format chunk first,
-    zeros from byte 44 to 255, then 0x84."""
-    return (
-        len(data) > 256 and data[16:20] == b"\x10\x00\x00\x00" and data[256] == 0x84 and not any(data[44:256])
-    )

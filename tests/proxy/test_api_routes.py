@@ -176,11 +176,11 @@ METERED = "metered-key-0123456789"
 
 
 @contextlib.asynccontextmanager
-async def _metered_stack(tpm: int, max_body_bytes: int = 64 * 1024) -> AsyncIterator[Stack]:
+async def _metered_stack(tpm: int, max_body_bytes: int = 64 * 1024, **top: Any) -> AsyncIterator[Stack]:
     """The API stack with one more key, limited to `tpm` tokens a minute."""
     metered = {"name": "metered", "sha256": hash_key(METERED), "routes": ALL_ROUTES, "tpm": tpm}
     keys = [*profile([])["keys"], metered]
-    async with api_stack(keys=keys, max_body_bytes=max_body_bytes) as s:
+    async with api_stack(keys=keys, max_body_bytes=max_body_bytes, **top) as s:
         yield s
 
 
@@ -285,7 +285,8 @@ def _fmt(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> b
 
 
 _PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
-_SPDIF_BURST = b"\x72\xf8\x1f\x4e\x01\x00\x00\x10"  # IEC 61937 preamble: an AC-3 burst
+# IEC 61937 preamble of an AC-3 burst: FFmpeg reads such "PCM" as the compressed audio it carries.
+_SPDIF_BURST = b"\x72\xf8\x1f\x4e\x01\x00\x00\x10"
 
 
 def _extensible(tag: int, tail: bytes = _PCM_GUID_TAIL) -> bytes:
@@ -293,7 +294,7 @@ def _extensible(tag: int, tail: bytes = _PCM_GUID_TAIL) -> bytes:
     return _fmt(0xFFFE, 2, 48_000, 16, b"\x16\x00\x10\x00\x03\x00\x00\x00" + tag.to_bytes(2, "little") + tail)
 
 
-def test_a_wav_header_is_trusted_only_where_every_decoder_reads_it_so() -> None:
+def test_a_wav_header_is_trusted_only_where_a_header_reader_reads_it_so() -> None:
     silence = b"\x00" * 4000
     assert wav_bitrate(_riff(_fmt(1, 2, 48_000, 16), silence)) == 1_536_000
     assert wav_bitrate(_riff(_extensible(1), silence)) == 1_536_000
@@ -306,25 +307,34 @@ def test_a_wav_header_is_trusted_only_where_every_decoder_reads_it_so() -> None:
         _riff(_extensible(1, b"\x00" * 14), silence),  # not the PCM sub-format
         _riff(_fmt(1, 2, 48_000, 16), silence, before=b"JUNK\x01\x00\x00\x00\x00\x00"),  # odd size
         _riff(_fmt(1, 2, 48_000, 16), silence, before=b"fmt \x10\x00\x00\x00" + _fmt(1, 1, 8_000, 8)),
-        _riff(_fmt(1, 2, 48_000, 16), silence[:1000] + _SPDIF_BURST + silence),
-        # The head of an ACT recording (G.729 at 8 kbit/s behind a PCM header).
-        _riff(_fmt(1, 1, 8_000, 16), b"\x00" * 212 + b"\x84" + silence),
     ]
     assert [wav_bitrate(data) for data in untrusted] == [None] * len(untrusted)
 
 
+_PCM_16K = _wav(16_000, 2, 20)  # 20 s of 16 kHz, 16-bit audio (640 kB)
+
+
 @pytest.mark.parametrize(
-    "upload",
+    ("upload", "by_header"),
     [
-        _riff(_fmt(0x55, 8, 192_000, 0), b"\xff\xf3" * 300_000),
-        _riff(_fmt(1, 2, 48_000, 16), _SPDIF_BURST + b"\x00" * 600_000),
+        (_PCM_16K, False),
+        (_riff(_fmt(1, 2, 48_000, 16), _SPDIF_BURST + b"\x00" * 600_000), False),
+        (_riff(_fmt(0x55, 8, 192_000, 0), b"\xff\xf3" * 300_000), True),
     ],
-    ids=["mp3-in-wav", "iec61937-in-pcm"],
+    ids=["pcm-read-by-ffmpeg", "iec61937-in-pcm", "mp3-in-wav-read-by-header"],
 )
-async def test_a_wav_header_a_decoder_does_not_follow_does_not_lower_the_charge(upload: bytes) -> None:
-    # 600 kB held at the floor bitrate: 600 s, 21 clips; by the header's rate, one or two.
+async def test_a_wav_header_lowers_the_charge_only_where_its_decoder_reads_it_so(
+    upload: bytes, by_header: bool
+) -> None:
+    # At the floor bitrate 600 kB hold 600 s: 21 clips; by these headers' rates, one or two.
+    # FFmpeg, vLLM's first decoder unless told otherwise, reads by the content (the same PCM can
+    # be IEC 61937 bursts, MPEG-TS…), and no decoder reads MP3 frames at a WAV header's rate.
     async with (
-        _metered_stack(tpm=2_000_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        _metered_stack(
+            tpm=2_000_000,
+            max_body_bytes=4 * 1024 * 1024,
+            prompt_costs={"audio_wav_header": by_header},
+        ) as stack,
         client(stack.url) as http,
     ):
         files = {"file": ("clip.wav", upload, "audio/wav")}
@@ -353,13 +363,16 @@ async def test_hotwords_count_in_every_clip_as_the_prompt_does() -> None:
 
 
 async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
+    # Where vLLM decodes with libsndfile alone, which reads a WAV file by its header.
     async with (
-        _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        _metered_stack(
+            tpm=200_000, max_body_bytes=4 * 1024 * 1024, prompt_costs={"audio_wav_header": True}
+        ) as stack,
         client(stack.url) as http,
     ):
         data = {"model": MODEL, "max_completion_tokens": "100"}
         # 20 s of 16 kHz, 16-bit audio (640 kB): one clip, where the floor would allow 30.
-        files = {"file": ("clip.wav", _wav(16_000, 2, 20), "audio/wav")}
+        files = {"file": ("clip.wav", _PCM_16K, "audio/wav")}
         one = await http.post("/v1/audio/transcriptions", files=files, data=data)
         assert one.status_code == 200, one.text
         assert int(one.headers["x-lane-router-prompt-tokens"]) < 2 * 1500
