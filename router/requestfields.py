@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import orjson
+
 from router.apifields import (
     AUDIO_FIELDS,
     DETOKENIZE_FIELDS,
@@ -169,8 +171,9 @@ ENGINE_FIELDS: Final = frozenset(
 
 # Bounded fields and their bounds when neither the profile nor the key sets one. `max_tokens`
 # bounds the output per sequence whichever field states it; unset, only the lane bounds it.
+# `grammar_bytes` bounds what vLLM compiles into an output grammar (below).
 LIMITED_FIELDS: Final = frozenset(
-    {"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens"}
+    {"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens", "grammar_bytes"}
 )
 DEFAULT_LIMITS: Final[Mapping[str, int]] = {
     "n": 8,
@@ -181,12 +184,21 @@ DEFAULT_LIMITS: Final[Mapping[str, int]] = {
 }
 
 
+# What vLLM compiles into a grammar that constrains the output: `response_format` and
+# `structured_outputs` (chat, completions), `text` (Responses), and the tools when `tool_choice`
+# forces a call. Compiling takes CPU time that grows faster than the spec's size (a JSON schema
+# of 30 KiB takes under a second, one of 220 KiB some 20 s): its JSON bytes are bounded.
+GRAMMAR_FIELDS: Final = ("response_format", "structured_outputs", "text")
+DEFAULT_GRAMMAR_BYTES: Final = 32768
+_UNFORCED: Final = frozenset({"auto", "none"})
+
 # The bounded fields that are counts, in the order they are checked.
 _COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
 # `logprob_token_ids` asks for the logprobs of the tokens it lists at every output position, in
 # place of the top ones (vLLM 0.32 takes up to 128): its length is an output logprobs width.
 _TOKEN_IDS: Final = "logprob_token_ids"
 _COUNTED: Final = frozenset((*_COUNTED_ORDER, _TOKEN_IDS))
+_GRAMMARS: Final = frozenset((*GRAMMAR_FIELDS, "tool_choice"))
 
 
 # With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
@@ -232,9 +244,11 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
                     continue
                 raise Forbidden(f"this key may not set '{name}'", code="field_not_allowed")
             raise BadRequest(f"unsupported field '{name}' for this route", code="unsupported_field")
+    limits = policy.limits
+    if not _GRAMMARS.isdisjoint(data):
+        _check_grammar(data, limits.get("grammar_bytes", DEFAULT_GRAMMAR_BYTES))
     if _COUNTED.isdisjoint(data):
         return
-    limits = policy.limits
     for name in _COUNTED_ORDER:
         value = data.get(name)
         if value is None or name not in limits:
@@ -254,6 +268,23 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
         _check_token_ids(data[_TOKEN_IDS], echoed, limits)
     if data.get("echo") is not None:
         _check_echo(data, echoed, limits)
+
+
+def _check_grammar(data: Mapping[str, Any], bound: int) -> None:
+    size = 0
+    for name in GRAMMAR_FIELDS:
+        value = data.get(name)
+        if value is not None:
+            size += len(orjson.dumps(value))
+    choice = data.get("tool_choice")
+    if data.get("tools") and choice is not None and choice not in _UNFORCED:
+        size += len(orjson.dumps(data["tools"]))
+    if size > bound:
+        raise BadRequest(
+            f"the output grammar asked for ({', '.join(GRAMMAR_FIELDS)}, forced tools) is "
+            f"{size} bytes of JSON; this key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
 
 
 def _check_token_ids(ids: Any, width: str, limits: Mapping[str, int]) -> None:

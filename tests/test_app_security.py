@@ -294,6 +294,21 @@ async def test_listed_logprob_tokens_beyond_the_keys_width_are_refused(
     assert stack.forwarded() == 0
 
 
+async def test_an_output_grammar_beyond_the_keys_bound_is_refused(stack: Stack) -> None:
+    # vLLM compiles the schema before it generates, in time that grows faster than its size.
+    props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,50}(x|y){2,20}"} for i in range(600)}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    body = {
+        **CHAT,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    }
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "field_limit_exceeded"
+    assert stack.forwarded() == 0
+
+
 async def test_repetition_detection_is_refused_to_a_key_without_leave(stack: Stack) -> None:
     body = {**CHAT, "repetition_detection": {"max_pattern_size": 1_000_000_000, "min_count": 2}}
     async with stack.client() as client:

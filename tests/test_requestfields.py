@@ -170,3 +170,45 @@ def test_repetition_detection_is_an_engine_knob() -> None:
         check_fields("chat", body, DEFAULT)
     assert info.value.code == "field_not_allowed"
     check_fields("chat", body, FieldPolicy(allow=frozenset({"repetition_detection"})))
+
+
+def _schema(properties: int) -> dict[str, Any]:
+    props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,50}(x|y){2,20}"} for i in range(properties)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        (
+            "chat",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": _schema(600)},
+                }
+            },
+        ),
+        ("completions", {"structured_outputs": {"json": _schema(600)}}),
+        (
+            "chat",
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": _schema(600)}}],
+                "tool_choice": "required",
+            },
+        ),
+    ],
+    ids=["response_format", "structured_outputs", "forced-tools"],
+)
+def test_an_output_grammar_is_bounded_by_its_size(endpoint: Endpoint, fields: dict[str, Any]) -> None:
+    # vLLM compiles it before generating: a 220 KiB schema takes some 20 s of CPU.
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], **fields}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded" and "grammar" in info.value.message
+    check_fields(endpoint, {**BASE[endpoint], **fields}, FieldPolicy.merged((), {"grammar_bytes": 1 << 20}))
+
+
+def test_tools_the_model_may_leave_uncalled_are_no_grammar() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _schema(600)}}]
+    check_fields("chat", {**BASE["chat"], "tools": tools, "tool_choice": "auto"}, DEFAULT)
+    check_fields("chat", {**BASE["chat"], "tools": tools}, DEFAULT)
