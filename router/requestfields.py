@@ -7,7 +7,8 @@ to extensions. So the body is checked against an allowlist per route, as vLLM 0.
 routes' fields:
 
 * the OpenAI fields and vLLM's sampling extras are open to every key, some with a numeric bound
-  (`n`, `best_of`, `logprobs`, `top_logprobs`, `prompt_logprobs`, and the output length);
+  (`n`, `best_of`, `logprobs`, `top_logprobs`, `prompt_logprobs`, and the output length), and
+  what vLLM compiles into an output grammar with a bound on its size;
 * the engine's own knobs (`ENGINE_FIELDS`) only to keys whose `request_fields.allow` names them;
   where the profile asks for it the router sets `priority` and `cache_salt` itself;
 * anything else is refused, so a field no check knows about never reaches the engine.
