@@ -14,7 +14,7 @@ pooling `instruction`) counts at its rendered bound (router.tokens)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -32,6 +32,12 @@ _TOOL_ITEMS = frozenset(
 )
 
 
+# Tool types whose calls vLLM hands back to the client. vLLM runs the others itself (a browser,
+# a Python sandbox, a container, MCP servers), a generation turn per call, each with the whole
+# output bound and for as many turns as the model keeps calling: no bound the router can charge.
+CLIENT_TOOLS: Final = frozenset({"function", "custom", "namespace"})
+
+
 # vLLM 0.32 hands the chat template `chat_template_kwargs` (with `documents` merged in), and
 # some model renderers pass `response_format` and `tool_choice` into it too.
 TEMPLATE_FIELDS = ("chat_template_kwargs", "chat_template", "response_format", "tool_choice")
@@ -44,6 +50,7 @@ def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
             "request ends, outside the lane and key limits",
             code="background_not_supported",
         )
+    _check_tools(data.get("tools"))
     tokens = counter.request()
     texts: list[str] = []
     instructions = data.get("instructions")
@@ -69,6 +76,18 @@ def responses_prompt(data: dict[str, Any], counter: PromptCounter) -> Prompt:
     if history is not None:
         tokens += counter.text(orjson.dumps(history).decode())
     return "\n".join(texts), tokens, 1, tools
+
+
+def _check_tools(tools: Any) -> None:
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in CLIENT_TOOLS:
+            raise BadRequest(
+                f"tools[{i}] is of type {kind!r}: the backend would run it itself, a generation "
+                f"per call with no bound on the calls; only {sorted(CLIENT_TOOLS)} tools are "
+                "served through this router",
+                code="builtin_tools_not_supported",
+            )
 
 
 def _item(item: Any, i: int, counter: PromptCounter) -> tuple[int, str, bool]:

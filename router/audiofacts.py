@@ -9,10 +9,11 @@ stated none (`max_completion_tokens`, the field vLLM's speech-to-text requests h
 vLLM splits a recording longer than 30 s into clips (each but the last at least 29 s long, as
 it cuts within the last second of a window) and runs every clip as its own request, with the
 request's `prompt` and output bound. So the upload is charged per clip it can hold: its duration
-is bounded by its size at the bitrate a WAV header states (router.wavheader), else at
-`prompt_costs.audio_min_bitrate`, and by `prompt_costs.audio_max_duration_s` (vLLM refuses a
-longer recording); each clip costs the prompt, one audio placeholder (`prompt_costs.audio`)
-and — as one more sequence — the output bound."""
+is bounded by its size at `prompt_costs.audio_min_bitrate` (or, with
+`prompt_costs.audio_wav_header`, at the bitrate a trusted WAV header states: router.wavheader),
+and by `prompt_costs.audio_max_duration_s` (vLLM refuses a longer recording); each clip costs
+the prompt and `hotwords` (which some models' prompts carry), one audio placeholder
+(`prompt_costs.audio`) and — as one more sequence — the output bound."""
 
 from __future__ import annotations
 
@@ -48,10 +49,13 @@ def parse_audio_facts(
     stream = _flag("stream", data.get("stream"))
     prompt = data.get("prompt")
     text = prompt if isinstance(prompt, str) else ""
+    # Some models' prompts (FunASR's) carry `hotwords` beside the `prompt`, in every clip.
+    hotwords = data.get("hotwords")
+    other = hotwords if isinstance(hotwords, str) else ""
     costs = counter.costs
-    bitrate = upload_bitrate(body, form, costs.audio_min_bitrate)
+    bitrate = upload_bitrate(body, form, costs.audio_min_bitrate, costs.audio_wav_header)
     clips = audio_clips(form.files[0].size, bitrate, costs.audio_max_duration_s)
-    per_clip = counter.request() + counter.message("user", text, "", Media(audio=1))
+    per_clip = counter.request() + counter.message("user", text, other, Media(audio=1))
     facts = RequestFacts(
         endpoint=endpoint,
         model=model,
@@ -74,10 +78,10 @@ def parse_audio_facts(
 CLIP_MIN_SECONDS = 29
 
 
-def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
-    """The bitrate the upload's duration is bounded at: a WAV file's own (read from its
-    header), else `floor`. A WAV file below the floor is refused: the floor is the lowest
-    bitrate the router accepts."""
+def upload_bitrate(body: bytes, form: Form, floor: int, by_header: bool) -> int:
+    """The bitrate the upload's duration is bounded at: `floor`, or with `by_header` a WAV
+    file's own (read from its header). A WAV file below the floor is refused either way: a
+    decoder that reads it by its header finds more seconds than the floor allows."""
     heads = upload_heads(body, form.files)
     rates = [rate for rate in map(wav_bitrate, heads) if rate is not None]
     if any(rate < floor for rate in rates):
@@ -87,7 +91,7 @@ def upload_bitrate(body: bytes, form: Form, floor: int) -> int:
             code="audio_bitrate_too_low",
         )
     # With one part naming a filename, it is the upload; with several, the floor holds for all.
-    return rates[0] if len(heads) == 1 and rates else floor
+    return rates[0] if by_header and len(heads) == 1 and rates else floor
 
 
 def audio_clips(size: int, min_bitrate: int, max_duration_s: int) -> int:

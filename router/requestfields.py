@@ -7,7 +7,8 @@ to extensions. So the body is checked against an allowlist per route, as vLLM 0.
 routes' fields:
 
 * the OpenAI fields and vLLM's sampling extras are open to every key, some with a numeric bound
-  (`n`, `best_of`, `logprobs`, `top_logprobs`, `prompt_logprobs`, and the output length);
+  (`n`, `best_of`, `logprobs`, `top_logprobs`, `prompt_logprobs`, and the output length), and
+  what vLLM compiles into an output grammar with a bound on its size;
 * the engine's own knobs (`ENGINE_FIELDS`) only to keys whose `request_fields.allow` names them;
   where the profile asks for it the router sets `priority` and `cache_salt` itself;
 * anything else is refused, so a field no check knows about never reaches the engine.
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
+
+import orjson
 
 from router.apifields import (
     AUDIO_FIELDS,
@@ -85,7 +88,6 @@ _SAMPLING: Final = frozenset(
         "structured_outputs",
         "return_tokens_as_token_ids",
         "return_token_ids",
-        "repetition_detection",
         "thinking_token_budget",
         "stream_interval",
         "watermarking",
@@ -142,9 +144,13 @@ OPEN_FIELDS: Final[Mapping[Endpoint, frozenset[str]]] = {
 }
 
 # The engine's own knobs: scheduling order, cache isolation, request identity, templates,
-# multimodal preprocessing, disaggregated-serving hand-offs and extension parameters.
+# multimodal preprocessing, disaggregated-serving hand-offs and extension parameters; and
+# `repetition_detection`, which vLLM's scheduler checks after every output token in a loop over
+# every pattern size up to the one asked for: an unbounded size costs the engine's one
+# scheduling thread time quadratic in the output, for every tenant.
 ENGINE_FIELDS: Final = frozenset(
     {
+        "repetition_detection",
         "priority",
         "cache_salt",
         "request_id",
@@ -166,8 +172,9 @@ ENGINE_FIELDS: Final = frozenset(
 
 # Bounded fields and their bounds when neither the profile nor the key sets one. `max_tokens`
 # bounds the output per sequence whichever field states it; unset, only the lane bounds it.
+# `grammar_bytes` bounds what vLLM compiles into an output grammar (below).
 LIMITED_FIELDS: Final = frozenset(
-    {"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens"}
+    {"n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs", "max_tokens", "grammar_bytes"}
 )
 DEFAULT_LIMITS: Final[Mapping[str, int]] = {
     "n": 8,
@@ -178,9 +185,21 @@ DEFAULT_LIMITS: Final[Mapping[str, int]] = {
 }
 
 
+# What vLLM compiles into a grammar that constrains the output: `response_format` and
+# `structured_outputs` (chat, completions), `text` (Responses), and the tools when `tool_choice`
+# forces a call. Compiling takes CPU time that grows faster than the spec's size (a JSON schema
+# of 30 KiB takes under a second, one of 220 KiB some 20 s): its JSON bytes are bounded.
+GRAMMAR_FIELDS: Final = ("response_format", "structured_outputs", "text")
+DEFAULT_GRAMMAR_BYTES: Final = 32768
+_UNFORCED: Final = frozenset({"auto", "none"})
+
 # The bounded fields that are counts, in the order they are checked.
 _COUNTED_ORDER: Final = ("n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs")
-_COUNTED: Final = frozenset(_COUNTED_ORDER)
+# `logprob_token_ids` asks for the logprobs of the tokens it lists at every output position, in
+# place of the top ones (vLLM 0.32 takes up to 128): its length is an output logprobs width.
+_TOKEN_IDS: Final = "logprob_token_ids"
+_COUNTED: Final = frozenset((*_COUNTED_ORDER, _TOKEN_IDS))
+_GRAMMARS: Final = frozenset((*GRAMMAR_FIELDS, "tool_choice"))
 
 
 # With `echo` and no `prompt_logprobs`, vLLM 0.32 computes prompt logprobs at the width of
@@ -226,9 +245,11 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
                     continue
                 raise Forbidden(f"this key may not set '{name}'", code="field_not_allowed")
             raise BadRequest(f"unsupported field '{name}' for this route", code="unsupported_field")
+    limits = policy.limits
+    if not _GRAMMARS.isdisjoint(data):
+        _check_grammar(data, limits.get("grammar_bytes", DEFAULT_GRAMMAR_BYTES))
     if _COUNTED.isdisjoint(data):
         return
-    limits = policy.limits
     for name in _COUNTED_ORDER:
         value = data.get(name)
         if value is None or name not in limits:
@@ -242,8 +263,42 @@ def check_fields(endpoint: Endpoint, data: Mapping[str, Any], policy: FieldPolic
             raise BadRequest(f"'{name}' must be an integer", code=f"invalid_{name}")
         _within(name, value, limits[name], "")
     echoed = _ECHOED.get(endpoint)
-    if echoed is not None and data.get("echo") is not None:
+    if echoed is None:
+        return
+    if data.get(_TOKEN_IDS) is not None:
+        _check_token_ids(data[_TOKEN_IDS], echoed, limits)
+    if data.get("echo") is not None:
         _check_echo(data, echoed, limits)
+
+
+def _check_grammar(data: Mapping[str, Any], bound: int) -> None:
+    size = 0
+    for name in GRAMMAR_FIELDS:
+        value = data.get(name)
+        if value is not None:
+            size += len(orjson.dumps(value))
+    choice = data.get("tool_choice")
+    if data.get("tools") and choice is not None and choice not in _UNFORCED:
+        size += len(orjson.dumps(data["tools"]))
+    if size > bound:
+        raise BadRequest(
+            f"the output grammar asked for ({', '.join(GRAMMAR_FIELDS)}, forced tools) is "
+            f"{size} bytes of JSON; this key may ask for at most {bound}",
+            code="field_limit_exceeded",
+        )
+
+
+def _check_token_ids(ids: Any, width: str, limits: Mapping[str, int]) -> None:
+    """The listed tokens' logprobs are output logprobs, at the width of `top_logprobs` (chat)
+    or `logprobs` (completions): held to that field's bound."""
+    if not isinstance(ids, list):
+        raise BadRequest(f"'{_TOKEN_IDS}' must be an array of token ids", code=f"invalid_{_TOKEN_IDS}")
+    if width in limits and len(ids) > limits[width]:
+        raise BadRequest(
+            f"'{_TOKEN_IDS}' lists {len(ids)} tokens, a logprobs width like '{width}'; this key "
+            f"may ask for at most {limits[width]}",
+            code="field_limit_exceeded",
+        )
 
 
 def _check_echo(data: Mapping[str, Any], source: str, limits: Mapping[str, int]) -> None:

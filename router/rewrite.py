@@ -35,7 +35,8 @@ class OutputCaps(NamedTuple):
 
 def output_bound(facts: RequestFacts, caps: OutputCaps) -> int | None:
     """The per-sequence output bound the backend will obey; None for routes without output.
-    A stated bound must already be within the caps (`check_output`)."""
+    A stated bound must already be within the caps (`check_key_output`, and the lane's shape:
+    router.admission.outside_lane_shape)."""
     if facts.endpoint in NO_OUTPUT:
         return None
     if facts.max_tokens is not None:

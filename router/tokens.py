@@ -99,6 +99,9 @@ class PromptCosts:
     # The longest recording vLLM decodes (its VLLM_MAX_AUDIO_DECODE_DURATION_S): it refuses
     # longer ones, so no upload makes more clips than this duration holds.
     audio_max_duration_s: int = 600
+    # Whether a WAV header's bitrate bounds the duration (router.wavheader): only where vLLM
+    # decodes audio with libsndfile alone, which reads a WAV file by its header.
+    audio_wav_header: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,50 @@ async def test_prompt_logprobs_beyond_the_keys_bound_are_refused_however_asked(
     assert stack.forwarded() == 0
 
 
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions", {"logprobs": True, "logprob_token_ids": list(range(128))}),
+        ("/v1/completions", {"logprobs": 1, "logprob_token_ids": list(range(128))}),
+    ],
+)
+async def test_listed_logprob_tokens_beyond_the_keys_width_are_refused(
+    stack: Stack, path: str, fields: dict[str, object]
+) -> None:
+    base: dict[str, object] = (
+        dict(CHAT) if "chat" in path else {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    )
+    async with stack.client() as client:
+        resp = await client.post(path, json={**base, **fields}, headers=auth("user"))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "field_limit_exceeded"
+    assert stack.forwarded() == 0
+
+
+async def test_an_output_grammar_beyond_the_keys_bound_is_refused(stack: Stack) -> None:
+    # vLLM compiles the schema before it generates, in time that grows faster than its size.
+    props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,50}(x|y){2,20}"} for i in range(600)}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    body = {
+        **CHAT,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    }
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "field_limit_exceeded"
+    assert stack.forwarded() == 0
+
+
+async def test_repetition_detection_is_refused_to_a_key_without_leave(stack: Stack) -> None:
+    body = {**CHAT, "repetition_detection": {"max_pattern_size": 1_000_000_000, "min_count": 2}}
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+    assert resp.status_code == 403, resp.text
+    assert resp.json()["error"]["code"] == "field_not_allowed"
+    assert stack.forwarded() == 0
+
+
 @pytest.mark.parametrize("fields", [{}, {"n": 8}, {"max_completion_tokens": None}])
 async def test_a_request_stating_no_bound_is_classed_by_the_bound_the_router_writes(
     stack: Stack, fields: dict[str, object]

@@ -144,3 +144,71 @@ def test_config_refuses_unknown_allow_names_and_limits() -> None:
 
 def test_unknown_names_lists_what_no_route_knows() -> None:
     assert unknown_names(("priority", "messages", "bogus")) == ["bogus"]
+
+
+@pytest.mark.parametrize(("endpoint", "flag"), [("chat", True), ("completions", 1)])
+def test_listed_logprob_tokens_are_held_to_the_logprobs_width(endpoint: Endpoint, flag: object) -> None:
+    # vLLM returns the listed tokens' logprobs at every output position in place of the top ones.
+    limit = DEFAULT_LIMITS["top_logprobs" if endpoint == "chat" else "logprobs"]
+    body = {**BASE[endpoint], "logprobs": flag}
+    check_fields(endpoint, {**body, "logprob_token_ids": list(range(limit))}, DEFAULT)
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**body, "logprob_token_ids": list(range(limit + 1))}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded" and "logprob_token_ids" in info.value.message
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**body, "logprob_token_ids": {"1": 2}}, DEFAULT)
+    assert info.value.code == "invalid_logprob_token_ids"
+
+
+def test_repetition_detection_is_an_engine_knob() -> None:
+    # vLLM's scheduler loops over every pattern size up to max_pattern_size after each token.
+    body = {
+        **BASE["chat"],
+        "repetition_detection": {"max_pattern_size": 1_000_000_000, "min_count": 2},
+    }
+    with pytest.raises(Forbidden) as info:
+        check_fields("chat", body, DEFAULT)
+    assert info.value.code == "field_not_allowed"
+    check_fields("chat", body, FieldPolicy(allow=frozenset({"repetition_detection"})))
+
+
+def _schema(properties: int) -> dict[str, Any]:
+    props = {f"p{i}": {"type": "string", "pattern": "[a-z]{1,50}(x|y){2,20}"} for i in range(properties)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        (
+            "chat",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": _schema(600)},
+                }
+            },
+        ),
+        ("completions", {"structured_outputs": {"json": _schema(600)}}),
+        (
+            "chat",
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": _schema(600)}}],
+                "tool_choice": "required",
+            },
+        ),
+    ],
+    ids=["response_format", "structured_outputs", "forced-tools"],
+)
+def test_an_output_grammar_is_bounded_by_its_size(endpoint: Endpoint, fields: dict[str, Any]) -> None:
+    # vLLM compiles it before generating: a 220 KiB schema takes some 20 s of CPU.
+    with pytest.raises(BadRequest) as info:
+        check_fields(endpoint, {**BASE[endpoint], **fields}, DEFAULT)
+    assert info.value.code == "field_limit_exceeded" and "grammar" in info.value.message
+    check_fields(endpoint, {**BASE[endpoint], **fields}, FieldPolicy.merged((), {"grammar_bytes": 1 << 20}))
+
+
+def test_tools_the_model_may_leave_uncalled_are_no_grammar() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _schema(600)}}]
+    check_fields("chat", {**BASE["chat"], "tools": tools, "tool_choice": "auto"}, DEFAULT)
+    check_fields("chat", {**BASE["chat"], "tools": tools}, DEFAULT)

@@ -213,7 +213,8 @@ class ClassifyConfig(Strict):
 class FieldRules(Strict):
     """Body fields beyond the open set (router.requestfields): `allow` names engine fields a key
     may set (e.g. `vllm_xargs`); `limits` bounds numeric fields (`n`, `best_of`, `logprobs`,
-    `top_logprobs`, `prompt_logprobs`, and `max_tokens`, the output per sequence). A key's rules
+    `top_logprobs`, `prompt_logprobs`, and `max_tokens`, the output per sequence) and
+    `grammar_bytes`, the JSON size of an output grammar (router.requestfields). A key's rules
     add to the profile's: its `allow` joins the profile's, its `limits` override them."""
 
     allow: tuple[str, ...] = ()
@@ -258,6 +259,12 @@ class PromptCostsConfig(Strict):
     # vLLM refuses audio longer than its VLLM_MAX_AUDIO_DECODE_DURATION_S (600 s by default):
     # set this to the same value, which caps what an upload is charged for.
     audio_max_duration_s: int = Field(600, ge=1)
+    # A WAV upload's header may lower its charge (its own bitrate, above audio_min_bitrate)
+    # only where vLLM decodes with libsndfile alone (`--media-io-kwargs '{"audio":
+    # {"audio_backend": "soundfile"}}'`), which reads a WAV file by its header. FFmpeg, vLLM's
+    # first decoder by default, picks its reader by the content: the same bytes can read as
+    # MPEG-TS, IEC 61937 bursts or an ACT recording, at their own, lower bitrate.
+    audio_wav_header: bool = False
 
 
 class KeyConfig(Strict):

@@ -176,11 +176,11 @@ METERED = "metered-key-0123456789"
 
 
 @contextlib.asynccontextmanager
-async def _metered_stack(tpm: int, max_body_bytes: int = 64 * 1024) -> AsyncIterator[Stack]:
+async def _metered_stack(tpm: int, max_body_bytes: int = 64 * 1024, **top: Any) -> AsyncIterator[Stack]:
     """The API stack with one more key, limited to `tpm` tokens a minute."""
     metered = {"name": "metered", "sha256": hash_key(METERED), "routes": ALL_ROUTES, "tpm": tpm}
     keys = [*profile([])["keys"], metered]
-    async with api_stack(keys=keys, max_body_bytes=max_body_bytes) as s:
+    async with api_stack(keys=keys, max_body_bytes=max_body_bytes, **top) as s:
         yield s
 
 
@@ -270,14 +270,109 @@ def test_a_wav_header_bounds_the_duration_by_its_own_bitrate() -> None:
         wav_bitrate(_wav(16_000, 2, 0.1, junk=HEAD_BYTES)[:HEAD_BYTES])
 
 
-async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
+def _riff(fmt: bytes, data: bytes, *, before: bytes = b"") -> bytes:
+    """A WAV file of the given format chunk body and data, with other chunks before the first."""
+    body = b"WAVE" + before + b"fmt " + len(fmt).to_bytes(4, "little") + fmt
+    body += b"data" + len(data).to_bytes(4, "little") + data
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+def _fmt(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> bytes:
+    align = max(1, channels * bits // 8)
+    head = tag.to_bytes(2, "little") + channels.to_bytes(2, "little") + rate.to_bytes(4, "little")
+    sizes = (rate * align).to_bytes(4, "little") + align.to_bytes(2, "little")
+    return head + sizes + bits.to_bytes(2, "little") + extra
+
+
+_PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+# IEC 61937 preamble of an AC-3 burst: FFmpeg reads such "PCM" as the compressed audio it carries.
+_SPDIF_BURST = b"\x72\xf8\x1f\x4e\x01\x00\x00\x10"
+
+
+def _extensible(tag: int, tail: bytes = _PCM_GUID_TAIL) -> bytes:
+    # cbSize 22: valid bits, channel mask, then the sub-format GUID (its tag first).
+    return _fmt(0xFFFE, 2, 48_000, 16, b"\x16\x00\x10\x00\x03\x00\x00\x00" + tag.to_bytes(2, "little") + tail)
+
+
+def test_a_wav_header_is_trusted_only_where_a_header_reader_reads_it_so() -> None:
+    silence = b"\x00" * 4000
+    assert wav_bitrate(_riff(_fmt(1, 2, 48_000, 16), silence)) == 1_536_000
+    assert wav_bitrate(_riff(_extensible(1), silence)) == 1_536_000
+    # A-law and µ-law are one byte a sample, whatever width the header states.
+    assert wav_bitrate(_riff(_fmt(6, 1, 8_000, 16), silence)) == 64_000
+    untrusted = [
+        _riff(_fmt(0x55, 2, 48_000, 0), silence),  # MP3 frames: decoded at their own rate
+        _riff(_fmt(0x11, 1, 8_000, 4), silence),  # IMA ADPCM: coded
+        _riff(_extensible(0x55), silence),
+        _riff(_extensible(1, b"\x00" * 14), silence),  # not the PCM sub-format
+        _riff(_fmt(1, 2, 48_000, 16), silence, before=b"JUNK\x01\x00\x00\x00\x00\x00"),  # odd size
+        _riff(_fmt(1, 2, 48_000, 16), silence, before=b"fmt \x10\x00\x00\x00" + _fmt(1, 1, 8_000, 8)),
+    ]
+    assert [wav_bitrate(data) for data in untrusted] == [None] * len(untrusted)
+
+
+_PCM_16K = _wav(16_000, 2, 20)  # 20 s of 16 kHz, 16-bit audio (640 kB)
+
+
+@pytest.mark.parametrize(
+    ("upload", "by_header"),
+    [
+        (_PCM_16K, False),
+        (_riff(_fmt(1, 2, 48_000, 16), _SPDIF_BURST + b"\x00" * 600_000), False),
+        (_riff(_fmt(0x55, 8, 192_000, 0), b"\xff\xf3" * 300_000), True),
+    ],
+    ids=["pcm-read-by-ffmpeg", "iec61937-in-pcm", "mp3-in-wav-read-by-header"],
+)
+async def test_a_wav_header_lowers_the_charge_only_where_its_decoder_reads_it_so(
+    upload: bytes, by_header: bool
+) -> None:
+    # At the floor bitrate 600 kB hold 600 s: 21 clips; by these headers' rates, one or two.
+    # FFmpeg, vLLM's first decoder unless told otherwise, reads by the content (the same PCM can
+    # be IEC 61937 bursts, MPEG-TS…), and no decoder reads MP3 frames at a WAV header's rate.
     async with (
-        _metered_stack(tpm=200_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        _metered_stack(
+            tpm=2_000_000,
+            max_body_bytes=4 * 1024 * 1024,
+            prompt_costs={"audio_wav_header": by_header},
+        ) as stack,
+        client(stack.url) as http,
+    ):
+        files = {"file": ("clip.wav", upload, "audio/wav")}
+        data = {"model": MODEL, "max_completion_tokens": "100"}
+        resp = await http.post("/v1/audio/transcriptions", files=files, data=data)
+    assert resp.status_code == 200, resp.text
+    assert int(resp.headers["x-lane-router-prompt-tokens"]) >= 21 * 1500
+
+
+async def test_hotwords_count_in_every_clip_as_the_prompt_does() -> None:
+    # FunASR's prompt carries the hotwords beside the audio, in every clip vLLM makes.
+    async with (
+        _metered_stack(tpm=2_000_000, max_body_bytes=4 * 1024 * 1024) as stack,
+        client(stack.url) as http,
+    ):
+        files = {"file": ("clip.wav", _upload(60_000), "audio/wav")}
+        base = {"model": MODEL, "max_completion_tokens": "100"}
+        plain = await http.post("/v1/audio/transcriptions", files=files, data=base)
+        hot = await http.post(
+            "/v1/audio/transcriptions", files=files, data={**base, "hotwords": "x" * 30_000}
+        )
+    assert plain.status_code == 200 and hot.status_code == 200, hot.text
+    more = int(hot.headers["x-lane-router-prompt-tokens"]) - int(plain.headers["x-lane-router-prompt-tokens"])
+    # 60 kB at the floor bitrate: 3 clips.
+    assert more >= 3 * 30_000
+
+
+async def test_a_wav_upload_is_charged_by_its_header_and_refused_below_the_floor() -> None:
+    # Where vLLM decodes with libsndfile alone, which reads a WAV file by its header.
+    async with (
+        _metered_stack(
+            tpm=200_000, max_body_bytes=4 * 1024 * 1024, prompt_costs={"audio_wav_header": True}
+        ) as stack,
         client(stack.url) as http,
     ):
         data = {"model": MODEL, "max_completion_tokens": "100"}
         # 20 s of 16 kHz, 16-bit audio (640 kB): one clip, where the floor would allow 30.
-        files = {"file": ("clip.wav", _wav(16_000, 2, 20), "audio/wav")}
+        files = {"file": ("clip.wav", _PCM_16K, "audio/wav")}
         one = await http.post("/v1/audio/transcriptions", files=files, data=data)
         assert one.status_code == 200, one.text
         assert int(one.headers["x-lane-router-prompt-tokens"]) < 2 * 1500

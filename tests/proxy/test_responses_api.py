@@ -198,10 +198,28 @@ async def test_a_client_disconnect_aborts_the_backend_stream(stack: Stack) -> No
     assert seen.finished is None
 
 
+_BUILTIN = "builtin_tools_not_supported"
+_LIMIT = "field_limit_exceeded"
+_BIG = {
+    "type": "object",
+    "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{1,50}"} for i in range(1000)},
+}
+
+
 async def test_body_policy_applies_to_responses(stack: Stack) -> None:
     async with client(stack.url) as http:
         for body, status, code in [
             ({"input": "x", "background": True}, 400, "background_not_supported"),
+            # Tools vLLM runs itself: a generation turn per call, the turns unbounded.
+            ({"input": "x", "tools": [{"type": "code_interpreter"}]}, 400, "builtin_tools_not_supported"),
+            # An output grammar beyond the key's bound: vLLM compiles it before generating.
+            ({"input": "x", "text": {"format": {"type": "json_schema", "schema": _BIG}}}, 400, _LIMIT),
+            ({"input": "x", "tools": [{"type": "web_search_preview"}]}, 400, "builtin_tools_not_supported"),
+            (
+                {"input": "x", "tools": [{"type": "mcp", "server_label": "python"}]},
+                400,
+                "builtin_tools_not_supported",
+            ),
             ({"input": "x", "priority": -5}, 403, "field_not_allowed"),
             ({"input": "x", "cache_salt": "mine"}, 403, "field_not_allowed"),
             ({"input": "x", "prompt": {"id": "p"}}, 400, "unsupported_field"),
