@@ -42,6 +42,10 @@ from router.workers import bind, supervise
 log = logging.getLogger("lane_router.server")
 
 
+class DriftRefused(Exception):
+    """The profile refuses drift (`health.on_drift: refuse`) and a live server differs from it."""
+
+
 class ConfigWatcher:
     """Polls the profile file's identity (inode, size, mtime). Polling the path, not the open
     file, sees an atomic replace (write elsewhere, rename over) as well as an edit in place."""
@@ -89,6 +93,15 @@ async def background(
     if state.tls is not None:
         state.tls.attach(state.metrics)
     checker = HealthChecker(lambda: state.runtime, state.metrics)
+    # One round before listening: drift is reported (or refuses the start) before any request.
+    try:
+        refused = await checker.first_round()
+    except BaseException:
+        await checker.stop()
+        raise
+    if refused is not None:
+        await checker.stop()
+        raise DriftRefused(refused)
     checker.start()
     # A backend discovery finds is probed at once, and joins the rotation once healthy.
     discovery = Discovery(lambda: state.runtime, state.metrics, checker.probe_joined)

@@ -310,10 +310,15 @@ class ScrapeConfig(Strict):
 
 
 class HealthConfig(Strict):
+    """Probes of each backend's /health every `interval_s`, and of its /version and /v1/models
+    against the pool's profile (drift, router/health.py). `on_drift`: `warn` logs each
+    difference; `refuse` also refuses to start, and refuses a reload, while a server differs."""
+
     interval_s: float = Field(5.0, gt=0)
     timeout_s: float = Field(2.0, gt=0)
     unhealthy_after: int = Field(3, ge=1)
     healthy_after: int = Field(1, ge=1)
+    on_drift: Literal["warn", "refuse"] = "warn"
 
 
 class StateConfig(Strict):
