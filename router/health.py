@@ -238,10 +238,10 @@ async def _get_json(
         return None
 
 
-async def reload_drift(cfg: ProfileConfig, current: Runtime, env: Mapping[str, str]) -> list[str]:
+async def reload_drift(cfg: ProfileConfig, current: Runtime | None, env: Mapping[str, str]) -> list[str]:
     """With `health.on_drift: refuse`, every difference between the new profile's pools and
-    their live servers, asked now (a discovered pool's servers: those the current pool has);
-    a server that does not answer has nothing to compare."""
+    their live servers, asked now (a discovered pool's servers: those the current pool has, if
+    any); a server that does not answer has nothing to compare."""
     if cfg.health.on_drift != "refuse":
         return []
     probes = ProbeClient()
@@ -260,7 +260,7 @@ async def _pool_drift(
     probes: ProbeClient,
     name: str,
     pc: PoolConfig,
-    current: Runtime,
+    current: Runtime | None,
     env: Mapping[str, str],
     timeout: float,
 ) -> list[str]:
@@ -274,7 +274,7 @@ async def _pool_drift(
         else pc.upstream_api_key
     )
     origins = pc.origins
-    if not origins and name in current.pools:
+    if not origins and current is not None and name in current.pools:
         origins = tuple(b.name for b in current.pools[name].members)
     facts = await asyncio.gather(
         *(live_facts(probes, tls, o, key.encode("latin-1") if key else None, timeout) for o in origins)

@@ -79,13 +79,15 @@ async def test_a_reload_reports_drift_again(tmp_path: Path, caplog: pytest.LogCa
         await until(lambda: len(drift_lines(caplog)) == 2)
 
 
-async def test_refuse_keeps_the_router_from_starting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_refuse_keeps_the_router_from_starting(tmp_path: Path, workers: str) -> None:
     config = tmp_path / "profile.yaml"
     async with server_group() as group:
         url = await group.start(FakeBackend())
         config.write_text(yaml.safe_dump(drifting([url], on_drift="refuse")))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(free_port()),
+            "--workers", workers,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         _, err = await asyncio.wait_for(proc.communicate(), 60)
