@@ -53,7 +53,7 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
             "object": "model",
             "owned_by": "lane-router",
             "created": int(runtime.loaded_at),
-            "max_model_len": min(p.config.vllm.max_model_len for p in pools),
+            "max_model_len": min(p.max_model_len for p in pools),
         }
         for model, pools in sorted(runtime.models.items())
         if key.models is None or model in key.models

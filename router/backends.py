@@ -93,6 +93,7 @@ class Backend:
     scraped_kv_usage: float = 0.0
     in_flight_at_scrape: int = 0
     drift: tuple[str, ...] = ()
+    live_max_model_len: int | None = None  # what the server's /v1/models states for the pool's model
     auth_failure_logged_at: float | None = None  # monotonic time of the last such warning
 
     @property
@@ -138,10 +139,18 @@ class Pool:
     discovery: DiscoveryStatus = field(default_factory=DiscoveryStatus)
     holders: int = 0  # runtimes that hold the pool (router/fleet.py)
     tls: UpstreamTls | None = None  # towards https backends (router/tls/upstream.py)
+    live_max_model_len: int | None = None  # the shortest its servers state (router/health.py)
     gate: PoolGate = field(init=False)  # built with the pool (router/runtime.py `_new_pool`)
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
         return routable(self.backends, exclude)
+
+    @property
+    def max_model_len(self) -> int:
+        """The context requests are judged against: the profile's, or the servers' when shorter."""
+        declared = self.config.vllm.max_model_len
+        live = self.live_max_model_len
+        return declared if live is None else min(declared, live)
 
     def has_healthy_backend(self) -> bool:
         return any(b.health is Health.UP for b in self.backends)

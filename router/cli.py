@@ -34,6 +34,7 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
+    Command("init", "write a starter profile for running vLLM servers, with a key", "router.config.starter"),
     Command("serve", "run the router", "router.commands"),
     Command(
         "check", "validate a profile and print its lanes, pools and configuration hashes", "router.commands"

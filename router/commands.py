@@ -73,7 +73,8 @@ def _check_arguments(check: argparse.ArgumentParser) -> None:
         "evidence that cannot be used (a missing store, an unreadable, tampered or inconsistent record) "
         "is exit 2."
     )
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, nargs="?", help="the profile (or --config FILE)")
+    check.add_argument("--config", type=Path, metavar="FILE", help="the profile, as serve takes it")
     check.add_argument(
         "--evidence",
         type=Path,
@@ -213,8 +214,11 @@ def _refuse_without_evidence(config: Path | None, args: argparse.Namespace) -> i
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.config is None):
+        print("lane-router check: give the profile once: FILE or --config FILE", file=sys.stderr)
+        return 2
     try:
-        cfg = load_profile(args.file)
+        cfg = load_profile(args.file if args.file is not None else args.config)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
@@ -238,7 +242,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def describe(cfg: ProfileConfig) -> str:
-    lines = [f"profile: {cfg.profile}  (valid)", "", "lanes:"]
+    lines = [f"profile: {cfg.profile}  (valid)", ""]
+    if len(cfg.pools) == 1:
+        (only,) = cfg.pools
+        lines += [f"one pool, {only!r}: every request class goes to it", ""]
+    lines.append("lanes:")
     lines.append(f"  {'class':<13} {'pool':<14} {'balance':<18} {'priority':>8} {'max_in_flight':>13}")
     for cls, lane in cfg.lanes.items():
         mif = lane.max_in_flight if lane.max_in_flight is not None else "-"

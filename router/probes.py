@@ -8,13 +8,19 @@ Compressed bodies are refused rather than inflated: the request asks for `identi
 
 `ProbeClient` sends each GET with the TLS of the backend's pool (router/tls/upstream.py): the
 same CA bundle, client certificate and name to verify as the pool's requests.
+
+httpx logs every request it sends at INFO: a probe every few seconds per backend would fill the
+log forever. While a `ProbeClient` GET runs, httpx's lines below WARNING are logged at DEBUG
+instead (`ProbeLines`); the router's own lines on what probes find keep their levels.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +35,28 @@ METRICS_BYTES = 4 * 1024 * 1024
 _IDENTITY = {"accept-encoding": "identity"}
 # httpx clients kept, one per TLS setup in use; a reload that rotates files adds one.
 MAX_CLIENTS = 16
+
+
+_PROBING: ContextVar[bool] = ContextVar("lane_router_probing", default=False)
+HTTPX_LOGGER = "httpx"
+
+
+class ProbeLines(logging.Filter):
+    """Demotes httpx's lines about a probe's request to DEBUG, dropped unless httpx's logger is
+    enabled for DEBUG; lines of any other httpx use pass as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _PROBING.get() or record.levelno >= logging.WARNING:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_probe_lines() -> None:
+    """Install `ProbeLines` on httpx's logger, once."""
+    logger = logging.getLogger(HTTPX_LOGGER)
+    if not any(isinstance(f, ProbeLines) for f in logger.filters):
+        logger.addFilter(ProbeLines())
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +76,7 @@ async def get_capped(
 ) -> Answer | None:
     """The status and body of a GET; None when it failed, took longer than `timeout` in all,
     sent a body of more than `cap` bytes or a compressed one."""
+    probing = _PROBING.set(True)
     try:
         async with asyncio.timeout(timeout):
             request_headers = {**_IDENTITY, **(headers or {})}
@@ -61,6 +90,8 @@ async def get_capped(
                 return None if body is None else Answer(resp.status_code, body)
     except (httpx.HTTPError, TimeoutError):
         return None
+    finally:
+        _PROBING.reset(probing)
 
 
 async def _read_capped(resp: httpx.Response, cap: int) -> bytes | None:
@@ -80,6 +111,7 @@ class ProbeClient:
     the oldest closed once more than MAX_CLIENTS were made."""
 
     def __init__(self) -> None:
+        quiet_probe_lines()
         self._clients: OrderedDict[UpstreamTls | None, httpx.AsyncClient] = OrderedDict()
         self._retired: list[httpx.AsyncClient] = []
 
@@ -105,6 +137,7 @@ class ProbeClient:
         await self._close_retired()
         client = self._client(tls)
         extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        probing = _PROBING.set(True)
         try:
             async with asyncio.timeout(timeout):
                 request_headers = {**_IDENTITY, **(headers or {})}
@@ -115,6 +148,8 @@ class ProbeClient:
                     return resp.status_code
         except (httpx.HTTPError, TimeoutError):
             return None
+        finally:
+            _PROBING.reset(probing)
 
     def _client(self, tls: UpstreamTls | None) -> httpx.AsyncClient:
         client = self._clients.get(tls)

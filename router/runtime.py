@@ -225,6 +225,8 @@ def build_runtime(
     pools = {s.name: _pool(fleet, s, counting) for s in pool_settings}
     fleet.hold(pools.values())
     lanes = {cls: _lane(cls, lc, pools[lc.pool], metrics, previous) for cls, lc in cfg.lanes.items()}
+    for lane in lanes.values():
+        lane.settings.max_model_len = lane.pool.max_model_len  # a live context shorter than the profile's
     fleet.wake_waiters()
     responses = _responses(cfg, previous, shared)
     models: dict[str, tuple[Pool, ...]] = {}

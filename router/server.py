@@ -25,7 +25,7 @@ from router.config.load import load_profile
 from router.config.models import ProfileConfig
 from router.discovery import Discovery
 from router.errors import Unavailable, error_event
-from router.health import HealthChecker
+from router.health import HealthChecker, reload_drift
 from router.metrics import Metrics
 from router.observer import Observer, build_observer
 from router.proxy.respond import ResponseAborted
@@ -40,6 +40,10 @@ from router.workermetrics import MetricsApp
 from router.workers import bind, supervise
 
 log = logging.getLogger("lane_router.server")
+
+
+class DriftRefused(Exception):
+    """The profile refuses drift (`health.on_drift: refuse`) and a live server differs from it."""
 
 
 class ConfigWatcher:
@@ -89,6 +93,15 @@ async def background(
     if state.tls is not None:
         state.tls.attach(state.metrics)
     checker = HealthChecker(lambda: state.runtime, state.metrics)
+    # One round before listening: drift is reported (or refuses the start) before any request.
+    try:
+        refused = await checker.first_round()
+    except BaseException:
+        await checker.stop()
+        raise
+    if refused is not None:
+        await checker.stop()
+        raise DriftRefused(refused)
     checker.start()
     # A backend discovery finds is probed at once, and joins the rotation once healthy.
     discovery = Discovery(lambda: state.runtime, state.metrics, checker.probe_joined)
@@ -168,7 +181,9 @@ def serve(settings: Settings, cfg: ProfileConfig | None = None) -> int:
     if settings.workers > 1 and not settings.is_worker:
         if settings.config is None:
             raise ValueError("--workers needs a profile file (--config FILE or LANE_ROUTER_CONFIG)")
-        warn_of_parts(cfg if cfg is not None else load_profile(settings.config), settings.workers)
+        cfg = cfg if cfg is not None else load_profile(settings.config)
+        warn_of_parts(cfg, settings.workers)
+        refuse_drift(cfg)
         try:
             return supervise(settings)
         except OSError as err:
@@ -187,6 +202,17 @@ def serving_tls(settings: Settings) -> ServingTls | None:
     if tls is not None:
         log.info("serving %s", tls.describe())
     return tls
+
+
+def refuse_drift(cfg: ProfileConfig) -> None:
+    """Under a supervisor, `health.on_drift: refuse` is judged once, before any worker starts
+    (each worker's own first round would only be restarted)."""
+    drift = asyncio.run(reload_drift(cfg, None, os.environ))
+    if drift:
+        raise SystemExit(
+            "lane-router serve: refusing to start: the live servers differ from the profile "
+            "(health.on_drift: refuse): " + "; ".join(drift)
+        )
 
 
 def warn_of_parts(cfg: ProfileConfig, workers: int) -> None:

@@ -10,7 +10,8 @@ and what the file dropped closes as it drains (router/fleet.py). The old runtime
 superseded, which wakes the background work that follows the current one (router/health.py,
 router/discovery.py). An invalid file changes nothing and the answer says why. So does, on a
 router listening beyond loopback, a file that would bring in a key anyone can use
-(router/keyhygiene.py)."""
+(router/keyhygiene.py), and a file with `health.on_drift: refuse` whose pools differ from their live
+servers (router/health.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any
 from router.config.checks import ConfigIssue
 from router.config.load import ConfigError, load_profile
 from router.config.models import ProfileConfig
+from router.health import reload_drift
 from router.keyhygiene import is_loopback, key_issues, warning
 from router.metrics import Metrics
 from router.runtime import Runtime, build_runtime
@@ -143,13 +145,31 @@ class RouterState:
 
     async def reload(self, trigger: str) -> ReloadOutcome:
         async with self._lock:
-            outcome = self._swap(trigger)
+            outcome = await self._refuse_drift()
+            if outcome is None:
+                outcome = self._swap(trigger)
         self.metrics.config_reloads.labels("success" if outcome.ok else "failure").inc()
         if outcome.ok:
             log.info("profile %r reloaded (%s)", outcome.profile, trigger)
         else:
             log.error("reload (%s) refused, %r keeps serving: %s", trigger, outcome.profile, outcome.reason)
         return outcome
+
+    async def _refuse_drift(self) -> ReloadOutcome | None:
+        """The refusal of a profile that refuses drift while its servers differ from it (an
+        unusable file is left to `_swap`, which says why)."""
+        if self.config_path is None:
+            return None
+        try:
+            cfg = load_profile(self.config_path)
+        except ConfigError:
+            return None
+        drift = await reload_drift(cfg, self.runtime, os.environ)
+        if not drift:
+            return None
+        issues = tuple(ConfigIssue("health.on_drift", f"refuse: {line}") for line in drift)
+        reason = f"{self.config_path}: the live servers differ from it (health.on_drift: refuse): "
+        return ReloadOutcome(False, reason + "; ".join(drift), self.runtime.config.profile, issues)
 
     def _swap(self, trigger: str) -> ReloadOutcome:
         old = self.runtime

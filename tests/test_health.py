@@ -4,6 +4,7 @@ answering too much or too slowly fails."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import orjson
@@ -128,3 +129,26 @@ async def test_a_models_page_over_its_cap_is_not_read(padding: int, drift: bool)
     assert backend.health is Health.UP
     # Read, the page shows the pool's model missing; over its cap it is no answer at all.
     assert any(finding.startswith("model:") for finding in backend.drift) is drift
+
+
+async def test_a_probe_logs_nothing_at_info_and_a_health_change_still_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    answers: dict[bytes, Page] = {
+        b"/health": _answer(b"{}"),
+        b"/version": _answer(orjson.dumps({"version": "0.32.0"})),
+        b"/v1/models": _answer(orjson.dumps({"data": [{"id": MODEL, "max_model_len": 2048}]})),
+    }
+    backend, _ = await _probed(pages(answers), check_drift=True)
+    assert backend.health is Health.UP
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))] == []
+    assert [r.levelno for r in caplog.records if "is now up" in r.getMessage()] == [logging.WARNING]
+
+
+async def test_probe_lines_show_at_debug_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    backend, _ = await _probed(pages({b"/health": _answer(b"{}")}))
+    assert backend.health is Health.UP
+    lines = [r for r in caplog.records if r.name == "httpx" and "/health" in r.getMessage()]
+    assert lines and {r.levelno for r in lines} == {logging.DEBUG}

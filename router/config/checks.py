@@ -95,7 +95,7 @@ def _lanes_name_pools(cfg: ProfileConfig) -> list[ConfigIssue]:
 
 def _every_class_has_a_lane(cfg: ProfileConfig) -> list[ConfigIssue]:
     return [
-        ConfigIssue(f"lanes.{cls.value}", "missing: every request class needs a lane")
+        ConfigIssue(f"lanes.{cls.value}", "missing: with several pools, every request class needs a lane")
         for cls in ALL_CLASSES
         if cls not in cfg.lanes
     ]

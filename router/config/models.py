@@ -96,6 +96,9 @@ class PoolConfig(Strict):
     discovery: DiscoveryConfig | None = None
     model: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
+    # LoRA adapters the pool's servers serve besides the model (vLLM's --lora-modules names):
+    # requests naming one go to the pool as the model's do.
+    adapters: tuple[str, ...] = ()
     upstream_api_key_env: str | None = None
     upstream_api_key: str | None = None
     connect_timeout_s: float = Field(5.0, gt=0)
@@ -151,7 +154,7 @@ class PoolConfig(Strict):
 
     @property
     def models(self) -> tuple[str, ...]:
-        return (self.model, *self.aliases)
+        return (self.model, *self.aliases, *self.adapters)
 
 
 DEFAULT_LONG_PROMPT_TOKENS = 1024
@@ -314,10 +317,15 @@ class ScrapeConfig(Strict):
 
 
 class HealthConfig(Strict):
+    """Probes of each backend's /health every `interval_s`, and of its /version and /v1/models
+    against the pool's profile (drift, router/health.py). `on_drift`: `warn` logs each
+    difference; `refuse` also refuses to start, and refuses a reload, while a server differs."""
+
     interval_s: float = Field(5.0, gt=0)
     timeout_s: float = Field(2.0, gt=0)
     unhealthy_after: int = Field(3, ge=1)
     healthy_after: int = Field(1, ge=1)
+    on_drift: Literal["warn", "refuse"] = "warn"
 
 
 class StateConfig(Strict):
@@ -392,7 +400,8 @@ class ProfileConfig(Strict):
     # replacing the client's, so no tenant's prompts hit another's prefix cache.
     prefix_cache_isolation: Literal["off", "per_key"] = "off"
     pools: dict[Name, PoolConfig] = Field(min_length=1)
-    lanes: dict[RequestClass, LaneConfig]
+    # With one pool, a class without a lane of its own gets a default lane to that pool.
+    lanes: dict[RequestClass, LaneConfig] = Field(default_factory=dict)
     classify: ClassifyConfig = ClassifyConfig()
     keys: tuple[KeyConfig, ...] = ()
     health: HealthConfig = HealthConfig()
@@ -405,3 +414,18 @@ class ProfileConfig(Strict):
     # among its workers) instead of the whole limit; with it, that is its share while Redis is
     # unreachable (router/slots/budget.py).
     replicas: int = Field(1, ge=1, le=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_pool_takes_every_class(cls, data: Any) -> Any:
+        """With one pool there is nowhere else to send a request: every class the file gives no
+        lane goes to it, with a lane's defaults. Several pools still need a lane per class."""
+        if not isinstance(data, dict):
+            return data
+        pools, lanes = data.get("pools"), data.get("lanes", {})
+        if not isinstance(pools, dict) or len(pools) != 1 or not isinstance(lanes, dict):
+            return data
+        (only,) = pools
+        named = {str(c) for c in lanes}
+        filled = {c.value: {"pool": only} for c in ALL_CLASSES if c.value not in named}
+        return {**data, "lanes": {**lanes, **filled}} if filled else data

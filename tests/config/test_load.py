@@ -432,3 +432,27 @@ def test_a_missing_file_is_reported_not_raised_as_oserror(tmp_path: Path) -> Non
         load_profile(tmp_path / "absent.yaml")
 
     assert [i.path for i in info.value.issues] == ["(file)"]
+
+
+def test_one_pool_needs_no_lanes_and_takes_every_class() -> None:
+    data = valid_profile()
+    data["pools"].pop("batch")
+    data.pop("lanes")
+    cfg = parse_profile(data)
+    assert set(cfg.lanes) == set(ALL_CLASSES)
+    assert {lane.pool for lane in cfg.lanes.values()} == {"interactive"}
+
+
+def test_one_pool_keeps_the_lanes_it_names_and_fills_the_others() -> None:
+    data = valid_profile()
+    data["pools"].pop("batch")
+    data["lanes"] = {"batch": {"pool": "interactive", "priority": 9}}
+    cfg = parse_profile(data)
+    assert cfg.lanes[RequestClass.BATCH].priority == 9
+    assert cfg.lanes[RequestClass.CHAT].priority == 0 and set(cfg.lanes) == set(ALL_CLASSES)
+
+
+def test_several_pools_still_need_a_lane_per_class() -> None:
+    data = valid_profile()
+    data.pop("lanes")
+    assert paths_of(data) == {f"lanes.{c.value}" for c in ALL_CLASSES}
