@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.profiles import profile
+from tests.support.profiles import profile
 
 REPO = Path(__file__).resolve().parents[1]
 OUTSIDE_SERVING = ("router.lab", "router.deploy")

@@ -13,7 +13,7 @@ from router.balance import DEFAULT as DEFAULT_BALANCE
 from router.balance import BalanceSettings, plain_form
 from router.config.tls import UpstreamTlsConfig
 from router.config.vllm import VllmSettings
-from router.requestfields import ENGINE_FIELDS, LIMITED_FIELDS
+from router.request.fields import ENGINE_FIELDS, LIMITED_FIELDS
 
 _ENGINE_LIST = ", ".join(sorted(ENGINE_FIELDS))
 
@@ -392,5 +392,5 @@ class ProfileConfig(Strict):
     # How many identical router replicas run this profile behind one load balancer. Without
     # `state:` each enforces `limit // replicas` of every lane and prefill limit (and splits that
     # among its workers) instead of the whole limit; with it, that is its share while Redis is
-    # unreachable (router/slots/budget.py).
+    # unreachable (router/state/slots/budget.py).
     replicas: int = Field(1, ge=1, le=1024)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Final
 
-from router.ratelimit import USAGE_TAIL_BYTES
+from router.keys.ratelimit import USAGE_TAIL_BYTES
 
 if TYPE_CHECKING:
     from router.proxy.forward import Exchange
@@ -55,7 +55,7 @@ class UsageTail:
     def value(self, total: int) -> bytes:
         """The response's last bytes (`total`, its byte count): the chunks its last
         USAGE_TAIL_BYTES are in, joined (up to a chunk's length more). Readers search only its
-        last USAGE_TAIL_BYTES (router/ratelimit.py `usage_at`): cutting them out would copy the
+        last USAGE_TAIL_BYTES (router/keys/ratelimit.py `usage_at`): cutting them out would copy the
         tail a second time, at the end of every response."""
         if total - self.dropped > USAGE_TAIL_BYTES:
             self.trim(total)

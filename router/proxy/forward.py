@@ -1,7 +1,7 @@
 """Sending one admitted request to a backend of its lane's pool, up to the response's head
 (router/proxy/respond.py relays the rest).
 
-Admission (router.poolgate) hands out the backend; the request holds its ticket until it ends. A
+Admission (router.lanes.poolgate) hands out the backend; the request holds its ticket until it ends. A
 backend may be swapped for another only while it provably has not started the request
 (`UpstreamError.retryable`, or vLLM's 503 from its queue limit): a request once written is never
 sent again. Every counter taken here is given back by `finish`, which the caller
@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from router import health
-from router.asgi import BodyWriter
+from router.app.asgi import BodyWriter
 from router.errors import (
     RouterError,
     Unavailable,
@@ -26,12 +25,13 @@ from router.errors import (
     UpstreamConnectError,
     UpstreamError,
 )
-from router.leanmetrics import HistogramValue
-from router.poolgate import PoolGate, Ticket
+from router.fleet import health
+from router.lanes.poolgate import PoolGate, Ticket
+from router.observe.leanmetrics import HistogramValue
+from router.observe.record import RequestRecord
 from router.proxy.chunklog import UsageTail
 from router.proxy.upstream_response import UpstreamResponse
-from router.requestrecord import RequestRecord
-from router.runtime import Backend, Lane, Runtime
+from router.state.runtime import Backend, Lane, Runtime
 
 log: Final = logging.getLogger("lane_router.forward")
 
@@ -102,7 +102,7 @@ class Exchange:
         self.started = started
         self.response_headers = response_headers
         self.gaps = gaps  # the stream's token gaps (its route's inter-token latency)
-        self.record = record  # what the observers read at the end (router/requestrecord.py)
+        self.record = record  # what the observers read at the end (router/observe/record.py)
         self.stream = stream
         self.prompt_tokens = prompt_tokens
         self.client = client  # key, X-Client-Id, address

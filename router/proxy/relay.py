@@ -8,16 +8,24 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Final, NamedTuple
 
-from router.asgi import Receive, Send
-from router.auth import ApiKey
+from router.app.asgi import Receive, Send
 from router.errors import RouterError, Unavailable, UpstreamError
-from router.metrics import RouteMetrics
+from router.keys.auth import ApiKey
+from router.keys.ratelimit import (
+    Limits,
+    MemoryRateStore,
+    RateStore,
+    Verdict,
+    parse_usage,
+    rate_headers,
+    refusal,
+)
+from router.observe.metrics import RouteMetrics
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import Exchange, finish, open_response
 from router.proxy.respond import relay_response
 from router.proxy.upstream_response import UpstreamResponse
-from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
-from router.runtime import Runtime
+from router.state.runtime import Runtime
 
 # Charges are built by the tuple constructor itself: a named tuple's own `__new__` is a Python
 # function.

@@ -7,7 +7,7 @@ HELD_BODY_BYTES) and answered in one piece, so a backend that closes, resets or 
 gets the client an error envelope (502, 504), never a 200 cut short. A longer one is relayed as
 it arrives once past the bound, and cut short it drops the client connection without ending the
 body. A stream's reads go from the upstream read callback straight to the client's socket
-(router/proxy/splice.py). When the client falls behind (router.slowclient) the rest of the stream
+(router/proxy/splice.py). When the client falls behind (router.lanes.slowclient) the rest of the stream
 is decoupled: a producer drains upstream into a bounded buffer and the relay feeds the client
 from it."""
 
@@ -17,15 +17,15 @@ import asyncio
 import time
 from typing import Final
 
-from router.asgi import BodyWriter, Send
+from router.app.asgi import BodyWriter, Send
 from router.errors import UpstreamError, error_event
+from router.lanes.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 from router.proxy.chunklog import ChunkLog
 from router.proxy.forward import Exchange
 from router.proxy.response_headers import client_headers
 from router.proxy.splice import DONE, LAGGING, Splice
 from router.proxy.upstream_response import UpstreamResponse
-from router.runtime import Runtime
-from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
+from router.state.runtime import Runtime
 
 # A non-streamed answer is held until it is whole up to this many bytes (answers are mostly a few
 # KiB; a large batch of embeddings can be MiBs): past it the rest is relayed as it arrives.

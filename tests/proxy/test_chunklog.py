@@ -9,15 +9,15 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
-from router.leanmetrics import Buckets, HistogramValue
-from router.metrics import Metrics
-from router.poolgate import Ticket
+from router.keys.ratelimit import USAGE_TAIL_BYTES
+from router.lanes.poolgate import Ticket
+from router.observe.leanmetrics import Buckets, HistogramValue
+from router.observe.metrics import Metrics
+from router.observe.record import RequestRecord
 from router.proxy.chunklog import TAIL_SLACK, ChunkLog, UsageTail
 from router.proxy.forward import Exchange
-from router.ratelimit import USAGE_TAIL_BYTES
-from router.requestrecord import RequestRecord
-from router.runtime import build_runtime
-from tests.profiles import profile
+from router.state.runtime import build_runtime
+from tests.support.profiles import profile
 
 
 def exchange(gaps: HistogramValue, tail: UsageTail | None) -> Exchange:

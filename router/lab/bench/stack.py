@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from router.auth import hash_key, new_key
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
+from router.keys.auth import hash_key, new_key
 from router.lab.bench.generate import Trace
 from router.lab.bench.loadclient import Endpoint
 from router.lab.bench.outcome import Outcome

@@ -1,0 +1,406 @@
+"""A router process's admission counts in Redis, shared with every other router process.
+
+Each process holds its slots under a *holder* id, with a heartbeat key it renews every BEAT_S
+for LEASE_S. A take is one script (router/state/slots/scripts.py `TAKE`): check the lane's and the
+backends' totals, charge the first backend with room, answer with the counts. Releases are
+queued and sent together, at most one script per turn of the event loop, in the background: a
+request never waits for its release. Any process's heartbeat script drops the holders whose
+lease ran out, so the slots of a process that died come back by themselves within the lease.
+
+The process keeps its own counts too (the `Backend` and `Lane` counters), and they are the
+truth about what it holds. So when Redis fails — a take, a release or a heartbeat — the store
+turns *local*: admission counts this process's own requests against its part of each limit
+(router/state/slots/budget.py) and Redis is left alone. Once `recheck_s` has passed, the next
+admission (or the heartbeat, for an idle process) *re-homes*: one script drops every holder
+this process used before and charges all it holds now under a new holder, so Redis again holds
+exactly what every process holds, whatever was lost meanwhile (releases that failed, takes
+whose answer timed out, a Redis that restarted empty). A process starts local and re-homes on
+its first admission. Every change is tagged with its holder; changes of a holder that was
+re-homed away are dropped, since the holder's whole count went with it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from router.state.shared import SharedState, SharedStateDown
+from router.state.slots import scripts
+from router.state.slots.arithmetic import UNKNOWN_HOLDER, SlotCounts, TakeRule
+
+if TYPE_CHECKING:
+    from router.state.runtime import Backend, Lane
+
+log = logging.getLogger("lane_router.slots")
+
+LEASE_S = 10.0  # a holder's slots outlive its last heartbeat by this long
+BEAT_S = 2.0
+WATCH_IDLE_S = 5.0  # how long a subscription read waits for a message before reading again
+_STALE_KEPT = 8  # earlier holders remembered for dropping; one forgotten expires by its lease
+
+
+class Mode(Enum):
+    SHARED = "shared"
+    LOCAL = "local"
+    REHOMING = "rehoming"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One counter of one slot hash, moved by `delta` under `holder`; `limit` (-1: none) says
+    when giving back frees a full resource."""
+
+    holder: str
+    key: str
+    counter: str
+    delta: int
+    limit: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TakeAnswer:
+    holder: str
+    result: int  # the candidate taken (1-based), else router/state/slots/arithmetic.py's reasons
+    lane_count: int
+    counts: tuple[SlotCounts, ...]  # every candidate's, after the take
+
+
+class Holding(Protocol):
+    """A pool gate, as the store sees it: what it holds, and whether anyone waits."""
+
+    waiting: int
+
+    def held(self) -> tuple[Iterable[Backend], Iterable[Lane]]: ...
+
+    def wake(self) -> None: ...
+
+
+def limit_arg(limit: int | None) -> int:
+    return -1 if limit is None else limit
+
+
+class SlotStore:
+    def __init__(self, state: SharedState) -> None:
+        self.state = self._state = state
+        client = state.client
+        self._take = client.register_script(scripts.TAKE)
+        self._adjust = client.register_script(scripts.ADJUST)
+        self._beat = client.register_script(scripts.BEAT)
+        self.mode = Mode.LOCAL
+        self.holder = _new_holder()
+        self._stale: list[str] = []
+        self._gates: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._pending: list[Change] = []
+        self._flush_due = False
+        self._flushing = 0
+        self._rehoming: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._beating = self._watching = False
+        self._keys = state.key("slots", "keys")
+        self._holders = state.key("slots", "holders")
+        self._hb_prefix = state.key("slots", "hb", "")
+        self.channel = state.key("slots", "freed")
+        self._names: dict[tuple[str, str], str] = {}
+        state.on_close(self.aclose)
+
+    # -- the mode -------------------------------------------------------------------------
+
+    @property
+    def counts_shared(self) -> bool:
+        """Whether releases go to Redis (now, or once the re-homing under way succeeds)."""
+        return self.mode is not Mode.LOCAL
+
+    def serves_locally(self) -> bool:
+        """Whether admission counts locally now, without waiting: Redis failed moments ago."""
+        return self.mode is Mode.LOCAL and not self._state.available()
+
+    @property
+    def releasing(self) -> bool:
+        """Releases are on their way to Redis: whoever waits is woken once they are there."""
+        return self._flushing > 0 or self._flush_due
+
+    def counted_locally(self) -> None:
+        self._state.skipped("slot_take")
+
+    async def ready(self) -> bool:
+        """Whether counts are shared now, re-homing first when that is due."""
+        if self.mode is Mode.SHARED:
+            return True
+        if self.mode is Mode.REHOMING or self._state.available():
+            await self._rehome_once()
+        return self.shared_now()
+
+    def shared_now(self) -> bool:
+        return self.mode is Mode.SHARED
+
+    def register(self, gate: Holding) -> None:
+        self._gates.add(gate)
+
+    def lane_key(self, lane: Lane) -> str:
+        return self._name("lane", lane.name)
+
+    def backend_key(self, backend: Backend) -> str:
+        return self._name("b", backend.name)
+
+    def _name(self, kind: str, name: str) -> str:
+        found = self._names.get((kind, name))
+        if found is None:
+            found = self._names[(kind, name)] = self._state.key("slots", kind, name)
+        return found
+
+    # -- taking and giving back -----------------------------------------------------------
+
+    async def take(self, lane: Lane, order: Sequence[Backend], rule: TakeRule) -> TakeAnswer | None:
+        """Charge the lane (if asked) and the first backend of `order` with room; None when
+        Redis did not answer (the store is local now)."""
+        holder = self.holder
+        keys = [self._keys, self._hb_prefix + holder, self.lane_key(lane)]
+        keys += [self.backend_key(b) for b in order]
+        limits = rule.limits
+        args = [
+            holder,
+            int(rule.take_lane),
+            limit_arg(rule.lane_limit),
+            int(rule.long),
+            limit_arg(limits.max_prefilling),
+            limit_arg(limits.max_long_prefilling),
+        ]
+        try:
+            reply = await self._state.run("slot_take", _script(self._take, keys, args))
+        except SharedStateDown:
+            self._go_local()
+            return None
+        answer = TakeAnswer(holder, int(reply[0]), int(reply[1]), _counts(reply[2:]))
+        if answer.result == UNKNOWN_HOLDER:
+            self._lost(holder)
+        return answer
+
+    def give_back(self, changes: Iterable[Change]) -> None:
+        """Queue releases; they are sent together on the next turn of the event loop."""
+        self._pending.extend(changes)
+        if not self._flush_due and self.mode is Mode.SHARED:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_due = False
+        if self.mode is not Mode.SHARED:
+            return
+        holder = self.holder
+        batch = [c for c in self._pending if c.holder == holder]
+        self._pending.clear()
+        if batch:
+            self._flushing += 1
+            self._spawn(self._flush(holder, batch))
+
+    async def _flush(self, holder: str, batch: list[Change]) -> None:
+        try:
+            known = await self._apply("slot_release", holder, batch)
+        except SharedStateDown:
+            self._go_local()
+        else:
+            if not known:
+                self._lost(holder)
+        finally:
+            self._flushing -= 1
+            self.wake_all()
+
+    async def _apply(
+        self,
+        op: str,
+        holder: str,
+        changes: Sequence[Change],
+        drop: Sequence[str] = (),
+        register: bool = False,
+    ) -> bool:
+        """One `ADJUST` script; whether `holder` is known to Redis afterwards."""
+        keys, moves = _grouped(changes)
+        lease_ms = int(LEASE_S * 1000)
+        args: list[Any] = [holder, lease_ms, self._hb_prefix, self.channel, int(register), len(drop), *drop]
+        args += moves
+        script_keys = [self._keys, self._holders, self._hb_prefix + holder, *keys]
+        reply = await self._state.run(op, _script(self._adjust, script_keys, args))
+        return bool(int(reply[0]))
+
+    # -- re-homing ------------------------------------------------------------------------
+
+    async def _rehome_once(self) -> None:
+        if self._rehoming is None:
+            self._rehoming = asyncio.ensure_future(self._rehome())
+            self._rehoming.add_done_callback(self._rehomed)
+        await asyncio.shield(self._rehoming)
+
+    def _rehomed(self, _: asyncio.Future[None]) -> None:
+        self._rehoming = None
+
+    async def _rehome(self) -> None:
+        self.mode = Mode.REHOMING
+        self._stale = [*self._stale, self.holder][-_STALE_KEPT:]
+        self.holder = holder = _new_holder()
+        held = self._held(holder)
+        try:
+            await self._apply("slot_sync", holder, held, drop=self._stale, register=True)
+        except SharedStateDown:
+            self._go_local()
+            return
+        self._stale = []
+        self.mode = Mode.SHARED
+        self._start_beating()
+        if self._pending:
+            self._flush_due = True
+            self._flush_now()
+        self.wake_all()
+
+    def _held(self, holder: str) -> list[Change]:
+        """Everything the process's gates hold now, as changes charging it to `holder`."""
+        changes: list[Change] = []
+        lanes: set[Lane] = set()
+        for gate in list(self._gates):
+            backends, gate_lanes = gate.held()
+            for b in backends:
+                key = self.backend_key(b)
+                for counter, n in (("f", b.in_flight), ("p", b.prefilling), ("l", b.long_prefilling)):
+                    if n > 0:
+                        changes.append(Change(holder, key, counter, n))
+            lanes.update(gate_lanes)
+        changes += [Change(holder, self.lane_key(la), "f", la.in_flight) for la in lanes if la.in_flight > 0]
+        return changes
+
+    def _go_local(self) -> None:
+        if self.mode is Mode.LOCAL:
+            return
+        self.mode = Mode.LOCAL
+        self._pending.clear()
+        self.wake_all()  # whoever waits is served from this process's parts now
+
+    def _lost(self, holder: str) -> None:
+        """Redis no longer knows `holder` (reaped after a stall, or its data lost): re-home."""
+        if holder == self.holder and self.mode is Mode.SHARED:
+            log.warning("shared admission counts: this process's holder was dropped; re-homing")
+            self._go_local()
+            self._spawn(self._rehome_once())
+
+    def wake_all(self) -> None:
+        for gate in list(self._gates):
+            if gate.waiting:
+                gate.wake()
+
+    # -- background: the heartbeat, and news of slots freed elsewhere ---------------------
+
+    def _start_beating(self) -> None:
+        if not self._beating:
+            self._beating = True
+            self._spawn(self._beat_forever())
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            if self.mode is Mode.SHARED:
+                await self._beat_once()
+            elif self.mode is Mode.LOCAL and self._state.available():
+                await self._rehome_once()
+
+    async def _beat_once(self) -> None:
+        holder = self.holder
+        keys = [self._keys, self._holders]
+        args = [holder, int(LEASE_S * 1000), self._hb_prefix, self.channel]
+        try:
+            known, dropped = await self._state.run("slot_beat", _script(self._beat, keys, args))
+        except SharedStateDown:
+            self._go_local()
+            return
+        if int(dropped):
+            log.info("shared admission counts: %d holder(s) without a heartbeat dropped", int(dropped))
+        if not int(known):
+            self._lost(holder)
+
+    def watch(self) -> None:
+        """Listen for slots freed by other processes (started when someone first waits)."""
+        if not self._watching:
+            self._watching = True
+            self._spawn(self._watch_forever())
+
+    async def _watch_forever(self) -> None:
+        while True:
+            pubsub = self._state.client.pubsub()
+            try:
+                await self._state.run("slot_watch", _subscribe(pubsub, self.channel))
+                self.wake_all()  # anything freed before the subscription took effect
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=WATCH_IDLE_S)
+                    if message is not None:
+                        self.wake_all()
+            except (SharedStateDown, RedisError, OSError):
+                pass
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    # untyped in redis before 8.2, typed from 8.2 on: either passes the check
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+            await asyncio.sleep(self._state.config.recheck_s)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Stop the background work and give back what this process still holds."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.mode is Mode.SHARED:
+            with contextlib.suppress(SharedStateDown):
+                await self._apply("slot_sync", self.holder, (), drop=[self.holder])
+        self.mode = Mode.LOCAL
+
+
+def _subscribe(pubsub: Any, channel: str) -> Callable[[Redis], Awaitable[None]]:
+    async def call(_: Redis) -> None:
+        await pubsub.subscribe(channel)
+
+    return call
+
+
+def _new_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _script(script: Any, keys: list[str], args: list[Any]) -> Callable[[Redis], Awaitable[Any]]:
+    async def call(client: Redis) -> Any:
+        return await script(keys, args, client)
+
+    return call
+
+
+def _counts(flat: Sequence[Any]) -> tuple[SlotCounts, ...]:
+    values = [int(v) for v in flat]
+    return tuple(SlotCounts(*values[i : i + 3]) for i in range(0, len(values), 3))
+
+
+def _grouped(changes: Sequence[Change]) -> tuple[list[str], list[Any]]:
+    """The slot hashes changes touch, and the changes summed per hash and counter, as the
+    `ADJUST` script reads them."""
+    sums: dict[tuple[str, str], list[int]] = {}
+    for c in changes:
+        found = sums.setdefault((c.key, c.counter), [0, c.limit])
+        found[0] += c.delta
+    keys: list[str] = []
+    position: dict[str, int] = {}
+    moves: list[Any] = []
+    for (key, counter), (delta, limit) in sums.items():
+        if key not in position:
+            keys.append(key)
+            position[key] = len(keys)
+        moves += [position[key], counter, delta, limit]
+    return keys, moves
