@@ -15,9 +15,11 @@ from typing import Any
 from router.app.asgi import Message, Receive, Send, send_json
 from router.config.checks import ConfigIssue
 from router.errors import RouterError
+from router.fleet.backend import Backend
+from router.fleet.pool import Pool
 from router.proxy.intake import Headers
 from router.state.live import TLS_NONE, ReloadReport, RouterState
-from router.state.runtime import Backend, Pool, Runtime
+from router.state.runtime import Runtime
 
 
 class ReloadRefused(RouterError):

@@ -1,24 +1,28 @@
-"""A pool and its backends: the long-lived objects that hold what is true of the servers.
-
-A `Backend` is one vLLM server of a pool, known by its origin, with the counts admission and
-balancing read (in flight, prefilling), its health and its upstream connections. A `Pool` holds
-its backends in three sets: `backends`, the members in rotation (health decides which of them
-are routable); `joining`, servers found by discovery and not yet probed healthy; `draining`,
-servers gone from the pool that still finish their requests. How members come and go is
-router/fleet/fleet.py; these objects outlive a reload whenever the pool and backend stay
-(router/state/runtime.py)."""
+"""A backend: one vLLM server of a pool, known by its origin, with the counts admission and
+balancing read (in flight, prefilling), its health and its upstream connections. Its `Health` is
+what its probes last judged (router/fleet/health.py): one that is not DOWN takes requests
+(`routable`). A backend outlives a reload whenever its pool keeps it (router/state/runtime.py);
+the pool that holds it is router/fleet/pool.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from mypy_extensions import mypyc_attr
 
 from router.balance import corrected_load
 from router.config.models import PoolConfig
-from router.fleet.backendhealth import Health
-from router.fleet.membership import DiscoveryStatus
-from router.lanes.poolgate import PoolGate, routable
 from router.proxy.upstream import UpstreamPool
 from router.tls.upstream import UpstreamTls
+
+
+class Health(Enum):
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
 
 
 def backend_label(pool: str, index: int) -> str:
@@ -29,6 +33,9 @@ def backend_label(pool: str, index: int) -> str:
     return f"pool {pool!r} backend {index}"
 
 
+# Python classes even where this module is compiled: the interpreted fleet, discovery and lab
+# build them and read them by name.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class ConnectionSettings:
     """The settings an upstream connection pool is built with; a reload that changes them gives
@@ -69,6 +76,7 @@ class ConnectionSettings:
         )
 
 
+@mypyc_attr(native_class=False)
 @dataclass(eq=False)
 class Backend:
     """One vLLM server of a pool, with the live counters balancing and health read. `name` is
@@ -125,41 +133,11 @@ def upstream_idle(upstream: UpstreamPool) -> bool:
     return stats.in_use == 0 and stats.connecting == 0 and stats.waiting == 0
 
 
-@dataclass(eq=False)
-class Pool:
-    name: str
-    config: PoolConfig
-    upstream_key: bytes | None
-    config_hash: str
-    backends: tuple[Backend, ...] = ()
-    joining: tuple[Backend, ...] = ()
-    draining: tuple[Backend, ...] = ()
-    next_index: int = 0
-    discovery: DiscoveryStatus = field(default_factory=DiscoveryStatus)
-    holders: int = 0  # runtimes that hold the pool (router/fleet/fleet.py)
-    tls: UpstreamTls | None = None  # towards https backends (router/tls/upstream.py)
-    gate: PoolGate = field(init=False)  # built with the pool (router/state/runtime.py `_new_pool`)
+_DOWN: Final = Health.DOWN
 
-    def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
-        return routable(self.backends, exclude)
 
-    def has_healthy_backend(self) -> bool:
-        return any(b.health is Health.UP for b in self.backends)
-
-    @property
-    def members(self) -> tuple[Backend, ...]:
-        """Every backend the pool has now: in rotation or joining it."""
-        return self.backends + self.joining
-
-    def new_backend(self, origin: str) -> Backend:
-        """A backend first seen now, with the pool's next number and its own connections."""
-        index = self.next_index
-        self.next_index += 1
-        settings = ConnectionSettings.of(self.config, self.tls)
-        upstream = settings.connect(origin, backend_label(self.name, index))
-        return Backend(pool=self.name, name=origin, upstream=upstream, index=index, connection=settings)
-
-    def wake_waiters(self) -> None:
-        """Offer room to queued requests now — after a limit rose or a backend joined — rather
-        than at the next release."""
-        self.gate.wake()
+def routable(backends: Sequence[Backend], exclude: frozenset[Backend]) -> list[Backend]:
+    """The backends that take requests (not DOWN), but those in `exclude`."""
+    if not exclude:
+        return [b for b in backends if b.health is not _DOWN]
+    return [b for b in backends if b.health is not _DOWN and b not in exclude]

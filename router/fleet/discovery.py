@@ -25,8 +25,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from router.config.models import DiscoveryConfig
-from router.fleet.backend import Backend, Pool
+from router.fleet.backend import Backend
 from router.fleet.membership import backend_origin, choose_addresses
+from router.fleet.pool import Pool
 from router.fleet.resolver import ResolveFailed, resolve
 from router.observe.metrics import Metrics
 from router.state.runtime import Runtime

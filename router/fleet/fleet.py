@@ -21,8 +21,9 @@ import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
-from router.fleet.backend import Backend, ConnectionSettings, Pool, upstream_idle
+from router.fleet.backend import Backend, ConnectionSettings, upstream_idle
 from router.fleet.membership import diff_members
+from router.fleet.pool import Pool
 from router.observe.metrics import Metrics
 from router.proxy.upstream import UpstreamPool
 

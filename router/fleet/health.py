@@ -21,9 +21,11 @@ from typing import Any
 import orjson
 
 from router.config.models import HealthConfig
+from router.fleet.backend import Backend, Health
+from router.fleet.pool import Pool
 from router.fleet.probes import HEALTH_BYTES, INFO_BYTES, ProbeClient
 from router.observe.metrics import Metrics
-from router.state.runtime import Backend, Health, Pool, Runtime
+from router.state.runtime import Runtime
 
 log = logging.getLogger("lane_router.health")
 

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.balance import scrapes_load
+from router.fleet.backend import Backend
+from router.fleet.pool import Pool
 from router.fleet.probes import METRICS_BYTES, ProbeClient
-from router.state.runtime import Backend, Pool, Runtime
+from router.state.runtime import Runtime
 
 log = logging.getLogger("lane_router.scrape")
 

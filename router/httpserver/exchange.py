@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from router.app.asgi import BODY_WRITER, BodyWriter
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
+from router.httpserver.link import ClientLink
 from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_error
-
-if TYPE_CHECKING:
-    from router.httpserver.connection import Connection
 
 Message = dict[str, Any]
 
@@ -51,7 +49,7 @@ class Exchange(BodyWriter):
     )
 
     def __init__(
-        self, conn: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
+        self, conn: ClientLink, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
     ) -> None:
         # `send.__self__.transport` is how router/lanes/slowclient.py `unsent_probe` finds the socket.
         self.transport = conn.transport

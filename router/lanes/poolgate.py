@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -30,12 +29,12 @@ from mypy_extensions import mypyc_attr
 
 from router.balance import Affinity
 from router.errors import Unavailable
-from router.fleet.backendhealth import Health
+from router.fleet.backend import Backend, Health, routable
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
 from router.state.slots.budget import ALONE, Share
 
 if TYPE_CHECKING:
-    from router.state.runtime import Backend, Lane
+    from router.lanes.lane import Lane
 
 _SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
 _NO_BACKEND_RETRY_AFTER_S: Final = 2.0
@@ -292,13 +291,6 @@ class PoolGate:
 
 
 _DOWN: Final = Health.DOWN
-
-
-def routable(backends: Sequence[Backend], exclude: frozenset[Backend]) -> list[Backend]:
-    """The backends that take requests (not DOWN), but those in `exclude`."""
-    if not exclude:
-        return [b for b in backends if b.health is not _DOWN]
-    return [b for b in backends if b.health is not _DOWN and b not in exclude]
 
 
 def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:

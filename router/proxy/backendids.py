@@ -14,7 +14,8 @@ import asyncio
 from enum import Enum
 
 from router.app.routes import RESPONSES_PREFIX
-from router.fleet.backend import Backend, Pool
+from router.fleet.backend import Backend
+from router.fleet.pool import Pool
 from router.fleet.probes import ProbeClient
 
 

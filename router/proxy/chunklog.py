@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 from router.keys.ratelimit import USAGE_TAIL_BYTES
 
 if TYPE_CHECKING:
-    from router.proxy.forward import Exchange
+    from router.proxy.attempt import Attempt
 
 _monotonic: Final = time.monotonic
 # How far past the kept tail a response goes before the tail is trimmed: the wider the slack,
@@ -78,7 +78,7 @@ class ChunkLog:
         "timing",
     )
 
-    def __init__(self, ex: Exchange, is_sse: bool) -> None:
+    def __init__(self, ex: Attempt, is_sse: bool) -> None:
         self.ex = ex
         self.is_sse = is_sse
         self.last = 0.0

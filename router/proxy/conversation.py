@@ -29,15 +29,16 @@ from router.fleet.backend import Backend
 from router.keys.auth import ApiKey
 from router.keys.ratelimit import usage_at
 from router.lanes.classify import Classification, Reason
+from router.lanes.lane import Lane
 from router.observe.metrics import RouteMetrics
+from router.proxy.attempt import Attempt
 from router.proxy.backendids import Held, held_upstream
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange
 from router.proxy.relay import relay
 from router.request.facts import RequestFacts
 from router.request.tokens import NO_MEDIA
 from router.state.responseids import Holder
-from router.state.runtime import Lane, Runtime
+from router.state.runtime import Runtime
 from router.state.shared import SharedStateDown
 
 # A response's id is its first `"id"` (the body's own, or the response.created event's, whose
@@ -116,7 +117,7 @@ class Turn:
         lane: Lane,
         tokens: int,
         claim: Claim | None,
-        ex: Exchange,
+        ex: Attempt,
     ) -> None:
         self._responses = runtime.responses
         # What the template adds around this turn's output when a follow-up renders it again as
@@ -255,7 +256,7 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
 
 async def relay_turn(
     runtime: Runtime,
-    ex: Exchange,
+    ex: Attempt,
     rm: RouteMetrics,
     key: ApiKey,
     cost: int,

@@ -21,8 +21,9 @@ from router.keys.ratelimit import (
     refusal,
 )
 from router.observe.metrics import RouteMetrics
+from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange, finish, open_response
+from router.proxy.forward import finish, open_response
 from router.proxy.respond import relay_response
 from router.proxy.upstream_response import UpstreamResponse
 from router.state.runtime import Runtime
@@ -48,7 +49,7 @@ class Charge(NamedTuple):
 
 
 def relay(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, key: ApiKey, cost: int, receive: Receive, send: Send
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, key: ApiKey, cost: int, receive: Receive, send: Send
 ) -> Coroutine[Any, Any, None]:
     """Run the exchange under the key's rate limits (if it has any): refused before anything is
     taken; charged its upper bound, corrected by the response's usage; refunded when the router
@@ -67,13 +68,13 @@ def relay(
 
 
 async def _shared(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge
 ) -> None:
     verdict = await charge.store.acquire(charge.key, charge.limits, charge.tokens, time.monotonic())
     await _exchange(runtime, ex, rm, receive, send, _admitted(ex, verdict, charge))
 
 
-def _admitted(ex: Exchange, verdict: Verdict, charge: Charge) -> Charge | None:
+def _admitted(ex: Attempt, verdict: Verdict, charge: Charge) -> Charge | None:
     """The charge to settle, or None when a shared store that could not be reached let the
     request through uncounted; a refused request raises."""
     if not verdict.allowed:
@@ -94,7 +95,7 @@ async def _settle_shared(charge: Charge, used: int | None, served: bool, now: fl
 
 
 async def _exchange(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
 ) -> None:
     watchlist = runtime.watchlist
     watch = watchlist.watch(ex, receive, ex.writer)
@@ -148,13 +149,13 @@ async def _exchange(
         await _settle_shared(*settle)
 
 
-def _count_failure(runtime: Runtime, ex: Exchange, err: UpstreamError) -> None:
+def _count_failure(runtime: Runtime, ex: Attempt, err: UpstreamError) -> None:
     backend = ex.ticket.backend
     if backend is not None:
         runtime.metrics.upstream_errors.labels(backend.pool, backend.name, err.code).inc()
 
 
-def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
+def _ended(ex: Attempt, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
     """The exchange's metrics, and what the relay learned into the request's record: the status
     there is the one the client got (or, gone before a response, nginx's 499). Returns the
     response's tail, b"" if not kept."""

@@ -19,6 +19,7 @@ from router.app.asgi import BodyWriter
 from router.errors import UpstreamError
 from router.lanes.slowclient import LAG_CHECK_S
 from router.proxy.chunklog import ChunkLog
+from router.proxy.upstream_body import BodySink
 from router.proxy.upstream_response import UpstreamResponse
 
 DONE: Final = "done"
@@ -26,7 +27,7 @@ LAGGING: Final = "lagging"
 Outcome = str | UpstreamError
 
 
-class Splice:
+class Splice(BodySink):
     """The sink of one response body (router/proxy/upstream_body.py `attach`). A read's common
     case (recorded, then written unless the lag sample is due) is run by the connection's read
     callback itself, with `record`, `sample_at` and `write` (router/proxy/upstream_connection.py):
@@ -42,7 +43,6 @@ class Splice:
         "_writer",
         "outcome",
         "pending",
-        "sample_at",
     )
 
     def __init__(

@@ -16,7 +16,7 @@ from router.errors import BadRequest
 from router.lanes.poolgate import Ticket
 from router.observe.record import RequestRecord
 from router.proxy import conversation
-from router.proxy.forward import Exchange
+from router.proxy.attempt import Attempt
 from router.proxy.handler import observed, start_record
 from router.proxy.intake import Headers, read_body, upstream_request_id
 from router.proxy.relay import relay
@@ -54,7 +54,7 @@ async def _stored(
     rec.cls, rec.lane, rec.pool, rec.stream = lane.cls.value, lane.name, lane.pool.name, stream
     rec.classified_at = time.monotonic()
     rm = runtime.metrics.route(lane.cls.value, lane.name, lane.pool.name)
-    ex = Exchange(
+    ex = Attempt(
         lane=lane,
         target=stored.target + query,
         body=b"",

@@ -26,8 +26,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mypy_extensions import mypyc_attr
-
 from router.balance import BalanceHooks, Balancer, make_balancer
 from router.config.models import (
     LaneConfig,
@@ -38,17 +36,16 @@ from router.config.models import (
     SlowClientConfig,
 )
 from router.config.vllm import server_configuration_hash
-from router.fleet.backend import Backend, Pool, backend_label
-from router.fleet.backendhealth import Health
 from router.fleet.fleet import Fleet
+from router.fleet.pool import Pool
 from router.keys.auth import KeyRing, build_keys
 from router.keys.ratelimit import MemoryRateStore, RateStore
 from router.lanes.admission import PrefillLimits
 from router.lanes.classify import ClassifyRules
+from router.lanes.lane import Lane
 from router.lanes.prefixes import PrefixHistory
 from router.lanes.settings import LaneSettings
 from router.lanes.slowclient import BufferBudget, SlowClients
-from router.observe.leanmetrics import HistogramValue
 from router.observe.metrics import Metrics
 from router.observe.observer import Observer
 from router.proxy.watch import Watchlist
@@ -59,28 +56,6 @@ from router.state.shared import SharedState, redis_url
 from router.state.slots.budget import Share
 from router.state.slots.counting import Counting, counting_for
 from router.tls.upstream import UpstreamTls, upstream_tls
-
-__all__ = ["Backend", "Health", "Lane", "Pool", "Runtime", "backend_label", "build_runtime"]
-
-
-# A Python class even where this module is compiled: the shared slot gate holds lanes in weak
-# sets (router/state/slots/gate.py), and compiled instances take no weak reference.
-@mypyc_attr(native_class=False)
-@dataclass(eq=False)
-class Lane:
-    cls: RequestClass
-    config: LaneConfig
-    pool: Pool
-    balancer: Balancer
-    queue_time: HistogramValue
-    in_flight: int = 0
-    waiting: int = 0
-    name: str = field(init=False)  # the class's name, read several times by every request
-    settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
-
-    def __post_init__(self) -> None:
-        self.name = self.cls.value
-        self.settings = LaneSettings(self.config, self.pool.config)
 
 
 @dataclass(frozen=True, slots=True)

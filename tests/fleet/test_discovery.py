@@ -12,11 +12,12 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.models import DiscoveryConfig
-from router.fleet.backend import Backend, Pool
+from router.fleet.backend import Backend, Health
 from router.fleet.discovery import Discovery
+from router.fleet.pool import Pool
 from router.fleet.resolver import NXDOMAIN, TIMEOUT, ResolveFailed, resolve
 from router.observe.metrics import Metrics
-from router.state.runtime import Health, Runtime, build_runtime
+from router.state.runtime import Runtime, build_runtime
 from tests.support.profiles import profile
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from router.config.load import parse_profile
-from router.fleet.backend import Pool
+from router.fleet.pool import Pool
 from router.server import build_state
 from router.settings import Settings
 from router.state.live import RouterState

@@ -11,10 +11,11 @@ import pytest
 from router.config.load import parse_profile
 from router.config.models import RequestClass
 from router.errors import UpstreamConnectError
+from router.fleet.backend import Backend, Health
 from router.lanes.poolgate import Ticket
 from router.observe.metrics import Metrics
 from router.proxy.upstream import UpstreamPool
-from router.state.runtime import Backend, Health, Runtime, build_runtime
+from router.state.runtime import Runtime, build_runtime
 from tests.support.profiles import profile
 
 A, B, C = (f"http://127.0.0.1:{port}" for port in (9201, 9202, 9203))

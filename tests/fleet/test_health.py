@@ -10,9 +10,10 @@ import orjson
 import pytest
 
 from router.config.load import parse_profile
+from router.fleet.backend import Backend, Health
 from router.fleet.health import HealthChecker
 from router.observe.metrics import Metrics
-from router.state.runtime import Backend, Health, build_runtime
+from router.state.runtime import build_runtime
 from tests.conftest import Stack
 from tests.proxy.rawserver import Handler, Page, dribble, pages, raw_servers
 from tests.support.profiles import MODEL, auth, profile

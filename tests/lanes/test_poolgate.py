@@ -11,9 +11,11 @@ import pytest
 from router.config.load import parse_profile
 from router.config.models import RequestClass
 from router.errors import Unavailable
+from router.fleet.backend import Backend, Health
+from router.lanes.lane import Lane
 from router.lanes.poolgate import PoolGate, Ticket
 from router.observe.metrics import Metrics
-from router.state.runtime import Backend, Health, Lane, Runtime, build_runtime
+from router.state.runtime import Runtime, build_runtime
 from tests.support.profiles import profile
 
 CHAT, BATCH, AGENT = RequestClass.CHAT, RequestClass.BATCH, RequestClass.AGENT

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from router.fleet.backendhealth import Health
+from router.fleet.backend import Health
 from router.proxy.conversation import conversation_tokens
 from router.request.tokens import NO_MEDIA
 from tests.conftest import Stack

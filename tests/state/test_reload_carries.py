@@ -18,10 +18,11 @@ import yaml
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
+from router.fleet.backend import Backend
+from router.lanes.lane import Lane
 from router.server import build_state
 from router.settings import Settings
 from router.state.live import RouterState
-from router.state.runtime import Backend, Lane
 from tests.support.holdingbackend import HoldingBackend
 from tests.support.profiles import MODEL, auth, profile
 from tests.support.servers import server_group

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from router.config.load import parse_profile
-from router.fleet.backendhealth import Health
+from router.fleet.backend import Health
 from router.server import build_state
 from router.settings import Settings
 from router.state.live import RouterState

@@ -29,7 +29,8 @@ from router.state.slots.budget import Share
 from router.state.slots.store import Change, SlotStore, TakeAnswer, limit_arg
 
 if TYPE_CHECKING:
-    from router.state.runtime import Backend, Lane
+    from router.fleet.backend import Backend
+    from router.lanes.lane import Lane
 
 RECHECK_S = 0.25
 _SCAN_LIMIT = 256

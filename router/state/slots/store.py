@@ -40,7 +40,8 @@ from router.state.slots import scripts
 from router.state.slots.arithmetic import UNKNOWN_HOLDER, SlotCounts, TakeRule
 
 if TYPE_CHECKING:
-    from router.state.runtime import Backend, Lane
+    from router.fleet.backend import Backend
+    from router.lanes.lane import Lane
 
 log = logging.getLogger("lane_router.slots")
 

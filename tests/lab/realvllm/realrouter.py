@@ -21,12 +21,12 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import parse_profile
+from router.fleet.backend import Health
 from router.lab.realvllm.server import VllmServer
 from router.observe.observer import build_observer
 from router.server import build_state
 from router.settings import Settings
 from router.state.live import RouterState
-from router.state.runtime import Health
 from tests.support.profiles import KEYS
 from tests.support.servers import server_group
 
