@@ -211,7 +211,7 @@ class ClassifyConfig(Strict):
 
 
 class FieldRules(Strict):
-    """Body fields beyond the open set (router.requestfields): `allow` names engine fields a key
+    """Body fields beyond the open set (router.request.fields): `allow` names engine fields a key
     may set (e.g. `vllm_xargs`); `limits` bounds numeric fields (`n`, `best_of`, `logprobs`,
     `top_logprobs`, `prompt_logprobs`, and `max_tokens`, the output per sequence). A key's rules
     add to the profile's: its `allow` joins the profile's, its `limits` override them."""

@@ -1,3 +1,4 @@
-"""API keys and their limits: the key ring a request authenticates against, the hygiene checks of key
-material, and the rate limits charged per key. It may import request/, observe/, config/ and the
-flat base modules (errors, settings), nothing above."""
+"""API keys and what is charged to them: the key ring a request authenticates against (auth.py), the
+checks of key material a profile brings (hygiene.py) and the per-key rate limits (ratelimit.py). It
+may import request/, config/ and the flat base modules (errors, settings); never the proxy, the
+runtime, the lanes or the fleet (pyproject's import contracts)."""

@@ -1,16 +1,16 @@
 """Prompts of the JSON routes beyond chat, completions and embeddings, read for `RequestFacts`
-(router.facts): the text prefix fingerprints hash, the prompt tokens as an upper bound, the
+(router.request.facts): the text prefix fingerprints hash, the prompt tokens as an upper bound, the
 number of outputs, and whether the conversation carries tool calls. Pure.
 
 A Responses-API request is read like a chat: `instructions` as a system message, `input` as a
 string or a list of items, each message item as a message (text parts counted, media at their
 placeholder cost), any other item (function calls and their outputs, reasoning) at the byte count
 of its JSON, which bounds the text the template renders from it. What a `previous_response_id`
-adds is not in the body: the caller adds the stored conversation's bound (router.responseids).
+adds is not in the body: the caller adds the stored conversation's bound (router.state.responseids).
 Rerank and score count every query–document pair vLLM makes, each a prompt of both texts and
 the template's tokens; tokenize counts its prompt or messages; detokenize its ids. Whatever a
 template renders beside the messages (`chat_template_kwargs`, a client's `chat_template`, a
-pooling `instruction`) counts at its rendered bound (router.tokens)."""
+pooling `instruction`) counts at its rendered bound (router.request.tokens)."""
 
 from __future__ import annotations
 
