@@ -10,13 +10,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from router.auth import hash_key, new_key
 from router.config.load import ConfigError, load_profile
 from router.config.models import PoolConfig, ProfileConfig
 from router.config.vllm import server_configuration_hash
 from router.evidence.records import EvidenceError
-from router.keyhygiene import is_loopback, key_issues, refusal, warning
-from router.slots.report import budget_lines
+from router.keys.auth import hash_key, new_key
+from router.keys.hygiene import is_loopback, key_issues, refusal, warning
+from router.state.slots.report import budget_lines
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ nowhere else (`envelope()` and `RouterError.status`).
         └── UpstreamAuthFailed    502     the backend refused the pool's upstream key (its 401/403)
 
 Messages of upstream errors reach clients: they name a backend by its pool and its index there
-(`router.runtime.backend_label`), never by its address.
+(`router.fleet.backend.backend_label`), never by its address.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
 load scrapes, the profile-file watcher and SIGHUP reload (of the profile and the TLS files), all
 started and stopped here. With `--workers N` this process supervises N workers
-(router/workers.py), each of which runs here with its worker side (router/workerlink.py)."""
+(router/supervisor/workers.py), each of which runs here with its worker side
+(router/supervisor/workerlink.py)."""
 
 from __future__ import annotations
 
@@ -19,25 +20,25 @@ from typing import Any
 import uvloop
 
 from router import BUILD, httpserver
-from router.app import LaneRouterApp
+from router.app.app import LaneRouterApp
 from router.config.checks import budget_warnings
 from router.config.load import load_profile
 from router.config.models import ProfileConfig
-from router.discovery import Discovery
 from router.errors import Unavailable, error_event
-from router.health import HealthChecker, reload_drift
-from router.metrics import Metrics
-from router.observer import Observer, build_observer
+from router.fleet.discovery import Discovery
+from router.fleet.health import HealthChecker, reload_drift
+from router.fleet.scrape import LoadScraper
+from router.observe.metrics import Metrics
+from router.observe.observer import Observer, build_observer
 from router.proxy.respond import ResponseAborted
-from router.runtime import build_runtime
-from router.scrape import LoadScraper
 from router.settings import Settings
-from router.state import RouterState
+from router.state.live import RouterState
+from router.state.runtime import build_runtime
+from router.supervisor.workerlink import FILE_TRIGGER, SIGHUP_TRIGGER, WorkerSide, WorkerState
+from router.supervisor.workermetrics import MetricsApp
+from router.supervisor.workers import bind, supervise
 from router.tls.contexts import TlsFileError
 from router.tls.serving import ServingTls
-from router.workerlink import FILE_TRIGGER, SIGHUP_TRIGGER, WorkerSide, WorkerState
-from router.workermetrics import MetricsApp
-from router.workers import bind, supervise
 
 log = logging.getLogger("lane_router.server")
 

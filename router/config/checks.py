@@ -7,10 +7,10 @@ from pathlib import Path
 
 from router.config.models import ALL_CLASSES, ProfileConfig
 from router.config.vllm import vllm_rule_violations
-from router.membership import parse_nameserver
-from router.slots.budget import budgets
+from router.fleet.membership import parse_nameserver
+from router.request.tokens import SIMULATOR, UTF8_BYTES
+from router.state.slots.budget import budgets
 from router.tls.contexts import TlsFileError, client_context
-from router.tokens import SIMULATOR, UTF8_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +191,7 @@ def _key_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
 
 
 def budget_warnings(cfg: ProfileConfig, workers: int) -> list[ConfigIssue]:
-    """Limits smaller than the number of processes that split them (router/slots/budget.py):
+    """Limits smaller than the number of processes that split them (router/state/slots/budget.py):
     some process's part is 0, and it admits nothing that needs the slot. Without `state:`
     always; with it, while Redis is unreachable."""
     issues: list[ConfigIssue] = []

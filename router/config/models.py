@@ -13,7 +13,7 @@ from router.balance import DEFAULT as DEFAULT_BALANCE
 from router.balance import BalanceSettings, plain_form
 from router.config.tls import UpstreamTlsConfig
 from router.config.vllm import VllmSettings
-from router.requestfields import ENGINE_FIELDS, LIMITED_FIELDS
+from router.request.fields import ENGINE_FIELDS, LIMITED_FIELDS
 
 _ENGINE_LIST = ", ".join(sorted(ENGINE_FIELDS))
 
@@ -214,10 +214,10 @@ class ClassifyConfig(Strict):
 
 
 class FieldRules(Strict):
-    """Body fields beyond the open set (router.requestfields): `allow` names engine fields a key
+    """Body fields beyond the open set (router.request.fields): `allow` names engine fields a key
     may set (e.g. `vllm_xargs`); `limits` bounds numeric fields (`n`, `best_of`, `logprobs`,
     `top_logprobs`, `prompt_logprobs`, and `max_tokens`, the output per sequence) and
-    `grammar_bytes`, the JSON size of an output grammar (router.requestfields). A key's rules
+    `grammar_bytes`, the JSON size of an output grammar (router.request.fields). A key's rules
     add to the profile's: its `allow` joins the profile's, its `limits` override them."""
 
     allow: tuple[str, ...] = ()
@@ -318,7 +318,7 @@ class ScrapeConfig(Strict):
 
 class HealthConfig(Strict):
     """Probes of each backend's /health every `interval_s`, and of its /version and /v1/models
-    against the pool's profile (drift, router/health.py). `on_drift`: `warn` logs each
+    against the pool's profile (drift, router/fleet/health.py). `on_drift`: `warn` logs each
     difference; `refuse` also refuses to start, and refuses a reload, while a server differs."""
 
     interval_s: float = Field(5.0, gt=0)
@@ -412,7 +412,7 @@ class ProfileConfig(Strict):
     # How many identical router replicas run this profile behind one load balancer. Without
     # `state:` each enforces `limit // replicas` of every lane and prefill limit (and splits that
     # among its workers) instead of the whole limit; with it, that is its share while Redis is
-    # unreachable (router/slots/budget.py).
+    # unreachable (router/state/slots/budget.py).
     replicas: int = Field(1, ge=1, le=1024)
 
     @model_validator(mode="before")

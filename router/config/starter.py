@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from router.auth import hash_key, new_key
 from router.config.load import ConfigError, parse_profile
 from router.config.survey import ServerFacts, SurveyError, survey
+from router.keys.auth import hash_key, new_key
 
 DEFAULT_OUTPUT = Path("lane-router.yaml")
 DEFAULT_KEY_NAME = "client"

@@ -3,7 +3,7 @@
 The renderers build data; this module turns it into text and writes it to stdout or `--out DIR`
 (`vllm-serve.sh`, `compose.yaml` or `lane-router.yaml`). A profile the renderers cannot express
 for its vLLM version exits 2 with the reason, like an invalid profile; so does one with a literal
-key anyone can use (router/keyhygiene.py), since what is rendered listens on the network.
+key anyone can use (router/keys/hygiene.py), since what is rendered listens on the network.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from router.deploy.render_compose import ComposeOptions, render_compose
 from router.deploy.render_k8s import K8sOptions, render_k8s
 from router.deploy.render_vllm import serve_plan, serve_script
 from router.deploy.yamltext import dump_all
-from router.keyhygiene import key_issues, refusal
+from router.keys.hygiene import key_issues, refusal
 
 TARGETS = ("vllm", "compose", "k8s")
 K8S_FLAGS = {

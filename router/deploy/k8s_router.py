@@ -3,7 +3,7 @@ PodDisruptionBudget and CPU autoscaler, the deployed profile in a ConfigMap and 
 names in a Secret.
 
 How many routers run is one number, `router_replicas`: the Deployment's `replicas`, the
-autoscaler's minimum and the deployed profile's `replicas:` (router/slots/budget.py), the
+autoscaler's minimum and the deployed profile's `replicas:` (router/state/slots/budget.py), the
 larger of the profile's own `replicas:` and the rendering's minimum. With `state:` the
 autoscaler may add routers up to its maximum: their counts are exact in Redis, and only while
 Redis is unreachable does each fall back to its part, `limit // replicas`. Without `state:` a
@@ -38,7 +38,7 @@ from router.deploy.plan import (
     router_secret_envs,
 )
 from router.deploy.yamltext import dump
-from router.keyhygiene import KEY_HASH_PLACEHOLDER
+from router.keys.hygiene import KEY_HASH_PLACEHOLDER
 
 ROUTER_PODS = "lane-router-pods"  # headless: one DNS record per router pod, for Prometheus DNS SD
 PROFILE_MAP = "lane-router-profile"

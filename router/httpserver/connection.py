@@ -51,7 +51,6 @@ class Connection(RequestReader):
         "_transport_write",
         "_writable",
         "drain_waiter",
-        "write_paused",
         "written",
     )
 

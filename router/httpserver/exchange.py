@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from router.asgi import BODY_WRITER, BodyWriter
+from router.app.asgi import BODY_WRITER, BodyWriter
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
+from router.httpserver.link import ClientLink
 from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_error
-
-if TYPE_CHECKING:
-    from router.httpserver.connection import Connection
 
 Message = dict[str, Any]
 
@@ -51,9 +49,9 @@ class Exchange(BodyWriter):
     )
 
     def __init__(
-        self, conn: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
+        self, conn: ClientLink, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
     ) -> None:
-        # `send.__self__.transport` is how router/slowclient.py `unsent_probe` finds the socket.
+        # `send.__self__.transport` is how router/lanes/slowclient.py `unsent_probe` finds the socket.
         self.transport = conn.transport
         scope["extensions"] = {BODY_WRITER: self}
         self.scope = scope
@@ -191,7 +189,7 @@ class Exchange(BodyWriter):
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
     def write_body(self, body: bytes, last: bool) -> bool:
-        """`BodyWriter` (router/asgi.py): a body part written at once, without awaiting."""
+        """`BodyWriter` (router/app/asgi.py): a body part written at once, without awaiting."""
         if self._gone or self.state != STARTED:
             return False
         if self._framing == CHUNKED and not last and 0 < len(body) <= JOIN_LIMIT:
@@ -206,7 +204,7 @@ class Exchange(BodyWriter):
         return self._conn.write_paused
 
     def write_chunks(self, framed: bytes, body: bytes) -> bool:
-        """`BodyWriter` (router/asgi.py): a paced stream's read as its backend framed it."""
+        """`BodyWriter` (router/app/asgi.py): a paced stream's read as its backend framed it."""
         if self._framing == CHUNKED and self.state == STARTED and not self._gone:
             self._conn.write(framed)
             return self._conn.write_paused
@@ -225,7 +223,7 @@ class Exchange(BodyWriter):
         return self.task
 
     def on_disconnect(self, callback: Callable[[], None]) -> bool:
-        """`BodyWriter` (router/asgi.py): told by the connection's loss (`gone`), without a
+        """`BodyWriter` (router/app/asgi.py): told by the connection's loss (`gone`), without a
         task that waits on `receive` for it."""
         if self._gone:
             self._conn.loop.call_soon(callback)
@@ -234,7 +232,7 @@ class Exchange(BodyWriter):
         return True
 
     def respond(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
-        """`BodyWriter` (router/asgi.py): a whole response, as a start and a last body message
+        """`BodyWriter` (router/app/asgi.py): a whole response, as a start and a last body message
         sent back to back would make it, its head and body in one write."""
         if self._gone:
             return
@@ -257,7 +255,7 @@ class Exchange(BodyWriter):
         head = self._plan(message["status"], message.get("headers", ()))
         if self._framing == CHUNKED:
             # A stream: its head leaves now, as the client's own timing (and the lag the relay
-            # measures from the socket, router/slowclient.py) starts with it.
+            # measures from the socket, router/lanes/slowclient.py) starts with it.
             self._conn.write(head)
             return
         # A whole answer: the head waits for the first body message to leave in one write with

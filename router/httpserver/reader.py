@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from router.httpserver.deadlines import INF, Watched
+from router.httpserver.deadlines import INF
+from router.httpserver.link import ClientLink
 from router.httpserver.scope import http_scope, scope_base, split_target
 from router.httpserver.wire import client_error
 
@@ -54,7 +55,7 @@ class _Refused(Exception):
     """Stops the parser from inside a callback; the answer is in `RequestReader._refusal`."""
 
 
-class RequestReader(Watched):
+class RequestReader(ClientLink):
     __slots__ = (
         "_bare_since",
         "_coded",
@@ -80,10 +81,7 @@ class RequestReader(Watched):
         "_split_target",
         "_target",
         "_trailer_begun",
-        "closing",
-        "date",
         "endpoints",
-        "transport",
     )
 
     def __init__(
@@ -93,7 +91,7 @@ class RequestReader(Watched):
         self._config = config
         self._scheme = scheme
         self.date = date
-        self.transport: Any = None
+        self.transport = None
         self.endpoints: tuple[tuple[str, int] | None, tuple[str, int] | None] = (None, None)
         self._parser = HttpRequestParser(self)
         self._phase = WAIT

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 from enum import Enum
 
-from router.apiroutes import RESPONSES_PREFIX
-from router.backends import Backend, Pool
-from router.probes import ProbeClient
+from router.app.routes import RESPONSES_PREFIX
+from router.fleet.backend import Backend
+from router.fleet.pool import Pool
+from router.fleet.probes import ProbeClient
 
 
 class Held(Enum):

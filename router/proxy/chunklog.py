@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Final
 
-from router.ratelimit import USAGE_TAIL_BYTES
+from router.keys.ratelimit import USAGE_TAIL_BYTES
 
 if TYPE_CHECKING:
-    from router.proxy.forward import Exchange
+    from router.proxy.attempt import Attempt
 
 _monotonic: Final = time.monotonic
 # How far past the kept tail a response goes before the tail is trimmed: the wider the slack,
@@ -55,7 +55,7 @@ class UsageTail:
     def value(self, total: int) -> bytes:
         """The response's last bytes (`total`, its byte count): the chunks its last
         USAGE_TAIL_BYTES are in, joined (up to a chunk's length more). Readers search only its
-        last USAGE_TAIL_BYTES (router/ratelimit.py `usage_at`): cutting them out would copy the
+        last USAGE_TAIL_BYTES (router/keys/ratelimit.py `usage_at`): cutting them out would copy the
         tail a second time, at the end of every response."""
         if total - self.dropped > USAGE_TAIL_BYTES:
             self.trim(total)
@@ -78,7 +78,7 @@ class ChunkLog:
         "timing",
     )
 
-    def __init__(self, ex: Exchange, is_sse: bool) -> None:
+    def __init__(self, ex: Attempt, is_sse: bool) -> None:
         self.ex = ex
         self.is_sse = is_sse
         self.last = 0.0

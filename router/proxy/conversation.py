@@ -1,4 +1,4 @@
-"""Responses-API conversations on the backend that holds them (router.responseids).
+"""Responses-API conversations on the backend that holds them (router.state.responseids).
 
 A request with `previous_response_id` continues a conversation vLLM keeps in one server's
 memory: it goes to that backend only (its ticket is pinned), through a lane whose pool holds it,
@@ -22,23 +22,24 @@ import re
 from dataclasses import dataclass, replace
 from typing import Final
 
-from router.apiroutes import RESPONSE_ID
-from router.asgi import Receive, Send
-from router.auth import ApiKey
-from router.backends import Backend
-from router.classify import Classification, Reason
+from router.app.asgi import Receive, Send
+from router.app.routes import RESPONSE_ID
 from router.errors import BadRequest, Conflict, NotFound, Unavailable
-from router.facts import RequestFacts
-from router.metrics import RouteMetrics
+from router.fleet.backend import Backend
+from router.keys.auth import ApiKey
+from router.keys.ratelimit import usage_at
+from router.lanes.classify import Classification, Reason
+from router.lanes.lane import Lane
+from router.observe.metrics import RouteMetrics
+from router.proxy.attempt import Attempt
 from router.proxy.backendids import Held, held_upstream
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange
 from router.proxy.relay import relay
-from router.ratelimit import usage_at
-from router.responseids import Holder
-from router.runtime import Lane, Runtime
-from router.sharedstate import SharedStateDown
-from router.tokens import NO_MEDIA
+from router.request.facts import RequestFacts
+from router.request.tokens import NO_MEDIA
+from router.state.responseids import Holder
+from router.state.runtime import Runtime
+from router.state.shared import SharedStateDown
 
 # A response's id is its first `"id"` (the body's own, or the response.created event's, whose
 # response object begins with it); past this many bytes without one, nothing is remembered.
@@ -116,7 +117,7 @@ class Turn:
         lane: Lane,
         tokens: int,
         claim: Claim | None,
-        ex: Exchange,
+        ex: Attempt,
     ) -> None:
         self._responses = runtime.responses
         # What the template adds around this turn's output when a follow-up renders it again as
@@ -255,7 +256,7 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
 
 async def relay_turn(
     runtime: Runtime,
-    ex: Exchange,
+    ex: Attempt,
     rm: RouteMetrics,
     key: ApiKey,
     cost: int,

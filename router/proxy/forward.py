@@ -1,7 +1,7 @@
 """Sending one admitted request to a backend of its lane's pool, up to the response's head
 (router/proxy/respond.py relays the rest).
 
-Admission (router.poolgate) hands out the backend; the request holds its ticket until it ends. A
+Admission (router.lanes.poolgate) hands out the backend; the request holds its ticket until it ends. A
 backend may be swapped for another only while it provably has not started the request
 (`UpstreamError.retryable`, or vLLM's 503 from its queue limit): a request once written is never
 sent again. Every counter taken here is given back by `finish`, which the caller
@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Final
 
-from router import health
-from router.asgi import BodyWriter
 from router.errors import (
     RouterError,
     Unavailable,
@@ -26,12 +23,12 @@ from router.errors import (
     UpstreamConnectError,
     UpstreamError,
 )
-from router.leanmetrics import HistogramValue
-from router.poolgate import PoolGate, Ticket
-from router.proxy.chunklog import UsageTail
+from router.fleet import health
+from router.fleet.backend import Backend
+from router.lanes.poolgate import PoolGate
+from router.proxy.attempt import Attempt
 from router.proxy.upstream_response import UpstreamResponse
-from router.requestrecord import RequestRecord
-from router.runtime import Backend, Lane, Runtime
+from router.state.runtime import Runtime
 
 log: Final = logging.getLogger("lane_router.forward")
 
@@ -41,87 +38,7 @@ AUTH_WARNING_EVERY_S: Final = 60.0
 _SICK: Final = (UpstreamConnectError, UpstreamClosed)
 
 
-class Exchange:
-    """The per-request state the relay and its caller share. A plain slotted class, not a
-    dataclass: one is built per request, so `__init__` takes what the caller knows (positional
-    is cheapest) and sets the relay's own state from constants."""
-
-    __slots__ = (
-        "accept",
-        "answered",
-        "body",
-        "bytes_out",
-        "client",
-        "content_type",
-        "first_byte_at",
-        "gaps",
-        "lane",
-        "method",
-        "on_chunk",
-        "prompt_tokens",
-        "record",
-        "request_id",
-        "response_headers",
-        "response_started",
-        "started",
-        "status",
-        "stream",
-        "target",
-        "ticket",
-        "trace_headers",
-        "usage_tail",
-        "writer",
-    )
-
-    def __init__(
-        self,
-        lane: Lane,
-        target: bytes,
-        body: bytes,
-        request_id: bytes,
-        accept: bytes | None,
-        ticket: Ticket,
-        started: float,
-        response_headers: list[tuple[bytes, bytes]],
-        gaps: HistogramValue,
-        record: RequestRecord,
-        stream: bool = True,
-        prompt_tokens: int = 0,
-        client: tuple[str, bytes | None, str | None] = ("", None, None),
-        usage_tail: UsageTail | None = None,
-        writer: BodyWriter | None = None,
-        method: bytes = b"POST",
-        trace_headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        self.lane = lane
-        self.target = target
-        self.body = body
-        self.request_id = request_id
-        self.accept = accept
-        self.ticket = ticket
-        self.started = started
-        self.response_headers = response_headers
-        self.gaps = gaps  # the stream's token gaps (its route's inter-token latency)
-        self.record = record  # what the observers read at the end (router/requestrecord.py)
-        self.stream = stream
-        self.prompt_tokens = prompt_tokens
-        self.client = client  # key, X-Client-Id, address
-        self.usage_tail = usage_tail  # the response's last bytes, kept when usage is wanted
-        self.writer = writer  # the server's direct body writer, when it has one
-        self.method = method
-        self.trace_headers = trace_headers  # traceparent/tracestate for the backend
-        self.content_type = b"application/json"
-        self.on_chunk: Callable[[bytes], None] | None = None  # sees each upstream chunk (response ids)
-        self.response_started = False
-        self.first_byte_at: float | None = None
-        self.status = 0
-        self.bytes_out = 0  # the response's body bytes, set when its relay ends (router/proxy/respond.py)
-        # The last body message went out: the server reports a disconnect from then on (ASGI),
-        # and that is the exchange ending, not the client leaving.
-        self.answered = False
-
-
-def upstream_fields(pool_key: bytes | None, ex: Exchange) -> tuple[bytes, int]:
+def upstream_fields(pool_key: bytes | None, ex: Attempt) -> tuple[bytes, int]:
     """The request's header lines for the backend, written out, and how many there are: its
     content type, what it accepts, its id, the pool's key, and its trace context."""
     auth = b"authorization: Bearer %s\r\n" % pool_key if pool_key else b""
@@ -138,7 +55,7 @@ def upstream_fields(pool_key: bytes | None, ex: Exchange) -> tuple[bytes, int]:
     return fields + b"".join([b"%s: %s\r\n" % field for field in trace]), lines + len(trace)
 
 
-def finish(ex: Exchange, gate: PoolGate, response: UpstreamResponse | None) -> None:
+def finish(ex: Attempt, gate: PoolGate, response: UpstreamResponse | None) -> None:
     """Give back what the exchange holds: its admission at `gate` (the one it was admitted by,
     though a reload may since have given its lane another pool), and the response's connection."""
     gate.finish(ex.ticket)
@@ -146,7 +63,7 @@ def finish(ex: Exchange, gate: PoolGate, response: UpstreamResponse | None) -> N
         response.release()
 
 
-async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
+async def _wait_for_room(ex: Attempt, gate: PoolGate) -> Backend:
     began = time.monotonic()
     try:
         return await gate.acquire(ex.ticket)
@@ -154,7 +71,7 @@ async def _wait_for_room(ex: Exchange, gate: PoolGate) -> Backend:
         ex.lane.queue_time.observe(time.monotonic() - began)
 
 
-def _hold_blind_prefill(ex: Exchange, gate: PoolGate) -> None:
+def _hold_blind_prefill(ex: Attempt, gate: PoolGate) -> None:
     """A non-streamed response shows no first token: count it as prefilling for the pool's
     estimate of its prefill time, if the pool gives one (else until the response starts)."""
     limits = gate.limits
@@ -164,7 +81,7 @@ def _hold_blind_prefill(ex: Exchange, gate: PoolGate) -> None:
         ticket.timer = asyncio.get_running_loop().call_later(hold, gate.end_prefill, ticket)
 
 
-async def open_response(runtime: Runtime, ex: Exchange, gate: PoolGate) -> UpstreamResponse:
+async def open_response(runtime: Runtime, ex: Attempt, gate: PoolGate) -> UpstreamResponse:
     """Admit the request and open its upstream response, retrying other backends before the
     first byte. Whatever it takes is given back by `finish`."""
     pool = ex.lane.pool

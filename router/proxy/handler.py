@@ -9,31 +9,32 @@ import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, Final
 
-from router.admission import outside_lane_shape
-from router.apiroutes import ApiRoute
-from router.asgi import Message, Receive, Send, body_writer
-from router.audiofacts import audio_upstream_body, parse_audio_facts
-from router.auth import ApiKey
+from router.app.asgi import Message, Receive, Send, body_writer
+from router.app.routes import ApiRoute
 from router.balance import Affinity, AffinityRequest
 from router.balance import affinity_for as balance_affinity
-from router.classify import REASON_TEXT, Signals, classify, parse_class_header
 from router.errors import NotFound, RouterError
-from router.facts import RequestFacts, parse_facts
-from router.multipart import Form
-from router.poolgate import Ticket
+from router.keys.auth import ApiKey
+from router.keys.ratelimit import estimate_tokens
+from router.lanes.admission import outside_lane_shape
+from router.lanes.classify import REASON_TEXT, Signals, classify, parse_class_header
+from router.lanes.lane import Lane
+from router.lanes.poolgate import Ticket
+from router.lanes.slowclient import client_identity
+from router.observe.record import RequestRecord
+from router.observe.tracecontext import NO_CLIENT_TRACE
 from router.proxy import conversation
+from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.respond import ResponseAborted
-from router.ratelimit import estimate_tokens
-from router.requestfields import check_fields
-from router.requestrecord import RequestRecord
-from router.rewrite import OutputCaps, check_key_output, output_bound, upstream_body, written_output
-from router.runtime import Lane, Runtime
-from router.slowclient import client_identity
-from router.tracecontext import NO_CLIENT_TRACE
+from router.request.audiofacts import audio_upstream_body, parse_audio_facts
+from router.request.facts import RequestFacts, parse_facts
+from router.request.fields import check_fields
+from router.request.multipart import Form
+from router.request.rewrite import OutputCaps, check_key_output, output_bound, upstream_body, written_output
+from router.state.runtime import Runtime
 
 # Named tuples built per request are made by the tuple constructor itself: a named tuple's own
 # `__new__` is a Python function.
@@ -176,7 +177,7 @@ async def _handle(
     untraced = rec.trace is None and rec.client_trace is NO_CLIENT_TRACE
     trace_headers = () if untraced else observer.upstream_headers(rec)
     # Positional: the exchange's fields in their order (router/proxy/forward.py).
-    ex = Exchange(
+    ex = Attempt(
         lane,
         api.target,
         upstream,

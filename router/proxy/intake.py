@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from router.asgi import Receive
-from router.auth import ApiKey
+from router.app.asgi import Receive
 from router.errors import BadRequest, PayloadTooLarge
-from router.requestrecord import RequestIds
-from router.tracecontext import NO_CLIENT_TRACE, ClientTrace, client_trace
+from router.keys.auth import ApiKey
+from router.observe.record import RequestIds
+from router.observe.tracecontext import NO_CLIENT_TRACE, ClientTrace, client_trace
 
 
 class ClientGone(Exception):

@@ -8,16 +8,25 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Final, NamedTuple
 
-from router.asgi import Receive, Send
-from router.auth import ApiKey
+from router.app.asgi import Receive, Send
 from router.errors import RouterError, Unavailable, UpstreamError
-from router.metrics import RouteMetrics
+from router.keys.auth import ApiKey
+from router.keys.ratelimit import (
+    Limits,
+    MemoryRateStore,
+    RateStore,
+    Verdict,
+    parse_usage,
+    rate_headers,
+    refusal,
+)
+from router.observe.metrics import RouteMetrics
+from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
-from router.proxy.forward import Exchange, finish, open_response
+from router.proxy.forward import finish, open_response
 from router.proxy.respond import relay_response
 from router.proxy.upstream_response import UpstreamResponse
-from router.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, parse_usage, rate_headers, refusal
-from router.runtime import Runtime
+from router.state.runtime import Runtime
 
 # Charges are built by the tuple constructor itself: a named tuple's own `__new__` is a Python
 # function.
@@ -40,7 +49,7 @@ class Charge(NamedTuple):
 
 
 def relay(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, key: ApiKey, cost: int, receive: Receive, send: Send
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, key: ApiKey, cost: int, receive: Receive, send: Send
 ) -> Coroutine[Any, Any, None]:
     """Run the exchange under the key's rate limits (if it has any): refused before anything is
     taken; charged its upper bound, corrected by the response's usage; refunded when the router
@@ -59,13 +68,13 @@ def relay(
 
 
 async def _shared(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge
 ) -> None:
     verdict = await charge.store.acquire(charge.key, charge.limits, charge.tokens, time.monotonic())
     await _exchange(runtime, ex, rm, receive, send, _admitted(ex, verdict, charge))
 
 
-def _admitted(ex: Exchange, verdict: Verdict, charge: Charge) -> Charge | None:
+def _admitted(ex: Attempt, verdict: Verdict, charge: Charge) -> Charge | None:
     """The charge to settle, or None when a shared store that could not be reached let the
     request through uncounted; a refused request raises."""
     if not verdict.allowed:
@@ -86,7 +95,7 @@ async def _settle_shared(charge: Charge, used: int | None, served: bool, now: fl
 
 
 async def _exchange(
-    runtime: Runtime, ex: Exchange, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
+    runtime: Runtime, ex: Attempt, rm: RouteMetrics, receive: Receive, send: Send, charge: Charge | None
 ) -> None:
     watchlist = runtime.watchlist
     watch = watchlist.watch(ex, receive, ex.writer)
@@ -140,13 +149,13 @@ async def _exchange(
         await _settle_shared(*settle)
 
 
-def _count_failure(runtime: Runtime, ex: Exchange, err: UpstreamError) -> None:
+def _count_failure(runtime: Runtime, ex: Attempt, err: UpstreamError) -> None:
     backend = ex.ticket.backend
     if backend is not None:
         runtime.metrics.upstream_errors.labels(backend.pool, backend.name, err.code).inc()
 
 
-def _ended(ex: Exchange, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
+def _ended(ex: Attempt, rm: RouteMetrics, status: int | str, gone: bool, now: float) -> bytes:
     """The exchange's metrics, and what the relay learned into the request's record: the status
     there is the one the client got (or, gone before a response, nginx's 499). Returns the
     response's tail, b"" if not kept."""

@@ -7,7 +7,7 @@ HELD_BODY_BYTES) and answered in one piece, so a backend that closes, resets or 
 gets the client an error envelope (502, 504), never a 200 cut short. A longer one is relayed as
 it arrives once past the bound, and cut short it drops the client connection without ending the
 body. A stream's reads go from the upstream read callback straight to the client's socket
-(router/proxy/splice.py). When the client falls behind (router.slowclient) the rest of the stream
+(router/proxy/splice.py). When the client falls behind (router.lanes.slowclient) the rest of the stream
 is decoupled: a producer drains upstream into a bounded buffer and the relay feeds the client
 from it."""
 
@@ -17,22 +17,22 @@ import asyncio
 import time
 from typing import Final
 
-from router.asgi import BodyWriter, Send
+from router.app.asgi import BodyWriter, Send
 from router.errors import UpstreamError, error_event
+from router.lanes.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
+from router.proxy.attempt import Attempt
 from router.proxy.chunklog import ChunkLog
-from router.proxy.forward import Exchange
 from router.proxy.response_headers import client_headers
 from router.proxy.splice import DONE, LAGGING, Splice
 from router.proxy.upstream_response import UpstreamResponse
-from router.runtime import Runtime
-from router.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
+from router.state.runtime import Runtime
 
 # A non-streamed answer is held until it is whole up to this many bytes (answers are mostly a few
 # KiB; a large batch of embeddings can be MiBs): past it the rest is relayed as it arrives.
 HELD_BODY_BYTES: Final = 1024 * 1024
 
 
-async def relay_response(runtime: Runtime, ex: Exchange, response: UpstreamResponse, send: Send) -> None:
+async def relay_response(runtime: Runtime, ex: Attempt, response: UpstreamResponse, send: Send) -> None:
     headers, is_sse = client_headers(response.headers, ex.response_headers)
     first = b""
     seen: ChunkLog | None = None
@@ -93,7 +93,7 @@ async def _held(response: UpstreamResponse, seen: ChunkLog, first: bytes) -> byt
 
 
 def _answer_whole(
-    ex: Exchange,
+    ex: Attempt,
     status: int,
     headers: list[tuple[bytes, bytes]],
     body: bytes,
@@ -109,7 +109,7 @@ def _answer_whole(
 
 
 async def _send_whole(
-    ex: Exchange,
+    ex: Attempt,
     status: int,
     headers: list[tuple[bytes, bytes]],
     body: bytes,
@@ -124,7 +124,7 @@ async def _send_whole(
     _answered(ex, body, seen)
 
 
-def _answered(ex: Exchange, body: bytes, seen: ChunkLog | None) -> None:
+def _answered(ex: Attempt, body: bytes, seen: ChunkLog | None) -> None:
     if seen is None and body:
         seen = ChunkLog(ex, False)
         seen.record(body)
@@ -211,7 +211,7 @@ async def _end_with_error(err: UpstreamError, is_sse: bool, send: Send) -> None:
     await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
 
 
-def _mark_slow(runtime: Runtime, ex: Exchange) -> None:
+def _mark_slow(runtime: Runtime, ex: Attempt) -> None:
     key_name, client_id, address = ex.client
     runtime.slow_clients.mark(client_identity(key_name, client_id, address), time.monotonic())
     runtime.metrics.slow_clients.labels(ex.lane.name).inc()

@@ -4,7 +4,7 @@ A backend's headers speak for the backend — hop-by-hop fields, the fields its 
 cookies, auth challenges, server banners — and none of that is the router's answer. Only what
 describes the relayed body passes: `content-type`, and `content-length` where the body goes out
 unchanged. Everything else the client sees (`x-request-id`, `x-lane-router-*`, `x-ratelimit-*`,
-`retry-after`) comes from the router itself (`router.proxy.forward.Exchange.response_headers`).
+`retry-after`) comes from the router itself (`router.proxy.attempt.Attempt.response_headers`).
 """
 
 from __future__ import annotations

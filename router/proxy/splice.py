@@ -1,5 +1,5 @@
 """Relaying a response body from the upstream connection's read callback straight into the
-client's socket, through the server's `BodyWriter` (router/asgi.py): each upstream read is
+client's socket, through the server's `BodyWriter` (router/app/asgi.py): each upstream read is
 recorded (router/proxy/chunklog.py) and written at once, and the request's task is woken only
 when the body ends, fails, or its client falls behind.
 
@@ -15,18 +15,19 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from router.asgi import BodyWriter
+from router.app.asgi import BodyWriter
 from router.errors import UpstreamError
+from router.lanes.slowclient import LAG_CHECK_S
 from router.proxy.chunklog import ChunkLog
+from router.proxy.upstream_body import BodySink
 from router.proxy.upstream_response import UpstreamResponse
-from router.slowclient import LAG_CHECK_S
 
 DONE: Final = "done"
 LAGGING: Final = "lagging"
 Outcome = str | UpstreamError
 
 
-class Splice:
+class Splice(BodySink):
     """The sink of one response body (router/proxy/upstream_body.py `attach`). A read's common
     case (recorded, then written unless the lag sample is due) is run by the connection's read
     callback itself, with `record`, `sample_at` and `write` (router/proxy/upstream_connection.py):
@@ -42,7 +43,6 @@ class Splice:
         "_writer",
         "outcome",
         "pending",
-        "sample_at",
     )
 
     def __init__(

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import time
 
-from router.apiroutes import StoredRoute
-from router.asgi import Message, Receive, Send
+from router.app.asgi import Message, Receive, Send
+from router.app.routes import StoredRoute
 from router.config.models import RouteScope
 from router.errors import BadRequest
-from router.poolgate import Ticket
+from router.lanes.poolgate import Ticket
+from router.observe.record import RequestRecord
 from router.proxy import conversation
-from router.proxy.forward import Exchange
+from router.proxy.attempt import Attempt
 from router.proxy.handler import observed, start_record
 from router.proxy.intake import Headers, read_body, upstream_request_id
 from router.proxy.relay import relay
-from router.requestrecord import RequestRecord
-from router.runtime import Runtime
+from router.state.runtime import Runtime
 
 # A retrieve or cancel has no body to speak of; anything larger is refused unread.
 MAX_BODY_BYTES = 4096
@@ -54,7 +54,7 @@ async def _stored(
     rec.cls, rec.lane, rec.pool, rec.stream = lane.cls.value, lane.name, lane.pool.name, stream
     rec.classified_at = time.monotonic()
     rm = runtime.metrics.route(lane.cls.value, lane.name, lane.pool.name)
-    ex = Exchange(
+    ex = Attempt(
         lane=lane,
         target=stored.target + query,
         body=b"",

@@ -35,7 +35,7 @@ from typing import Any, Final
 from router.errors import UpstreamConnectError
 from router.proxy.http1 import build_head, head_with_fields, parse_origin
 from router.proxy.limits import ResponseLimits
-from router.proxy.upstream_connection import UpstreamConnection
+from router.proxy.upstream_connection import Lender, UpstreamConnection
 from router.proxy.upstream_response import UpstreamResponse
 from router.tls.upstream import handshake_failure
 
@@ -52,7 +52,7 @@ class PoolStats:
     waiting: int  # requests waiting for a free slot
 
 
-class UpstreamPool:
+class UpstreamPool(Lender):
     """Keep-alive connection pool to one origin (http://host:port or https://host:port).
 
     For https, `ssl_context` is the context (default: the system's CAs) and `server_hostname` the

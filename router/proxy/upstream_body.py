@@ -12,14 +12,10 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, cast
 
 from router.errors import UpstreamError
 from router.proxy.limits import IN_BODY, DeadlineTimer, ResponseLimits
-
-if TYPE_CHECKING:
-    # The one sink, by its class: compiled, its methods are called directly.
-    from router.proxy.splice import Splice
 
 # Past HIGH_WATER buffered body bytes reading pauses, so the kernel buffers fill and the backend's
 # writes stall; reading resumes once the consumer drained the buffer to LOW_WATER.
@@ -31,6 +27,37 @@ IDLE: Final = 0  # no exchange: parked in the pool or freshly connected
 HEADERS: Final = 1  # request sent, waiting for the status line and headers
 BODY: Final = 2  # headers received, body still arriving
 DONE: Final = 3  # the whole response arrived (the consumer may still be draining the buffer)
+
+
+class BodySink:
+    """What a response body is handed to as it is read, once attached (router/proxy/splice.py is
+    the one there is; its methods say what each call means). A base class, not a protocol:
+    compiled, the read callback's calls are then direct ones, not calls by name."""
+
+    __slots__ = ("sample_at",)
+
+    sample_at: float  # when the client's lag is next due to be sampled (loop time)
+
+    def record(self, data: bytes) -> float:
+        raise NotImplementedError
+
+    def write(self, data: bytes, last: bool) -> bool:
+        raise NotImplementedError
+
+    def write_framed(self, framed: bytes, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def relay(self, data: bytes, last: bool) -> bool:
+        raise NotImplementedError
+
+    def sample(self, data: bytes, now: float) -> bool:
+        raise NotImplementedError
+
+    def filled(self) -> bool:
+        raise NotImplementedError
+
+    def failed(self, exc: UpstreamError) -> None:
+        raise NotImplementedError
 
 
 class UpstreamBody(asyncio.Protocol):
@@ -66,7 +93,7 @@ class UpstreamBody(asyncio.Protocol):
         self._state = IDLE
         self._last_read = 0.0  # the latest body read
         self._waiter: asyncio.Future[None] | None = None
-        self._sink: Splice | None = None
+        self._sink: BodySink | None = None
         self._paused = False
         self.closed = False
         self.idle_since = 0.0
@@ -143,7 +170,7 @@ class UpstreamBody(asyncio.Protocol):
         while self._state == BODY and not self._body:
             await self._changed()
 
-    def attach(self, sink: Splice) -> None:
+    def attach(self, sink: BodySink) -> None:
         """Hand every body byte from now on to `sink`, starting with what is already here."""
         self._sink = sink
         if self._body or self._state == DONE or self._exc is not None:

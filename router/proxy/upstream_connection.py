@@ -360,3 +360,14 @@ class UpstreamConnection(UpstreamBody):
             return
         if self._state == BODY:
             self._complete(self._parser.should_keep_alive())
+
+
+class Lender:
+    """Where a leased connection goes back when its response is done with it
+    (router/proxy/upstream.py's pool). A base class, not a protocol: compiled, the call is a
+    direct one."""
+
+    __slots__ = ()
+
+    def give_back(self, conn: UpstreamConnection) -> None:
+        raise NotImplementedError

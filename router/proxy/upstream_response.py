@@ -5,13 +5,9 @@ its pool (router/proxy/upstream.py) when the body ended, or is closed."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from router.proxy.upstream_connection import UpstreamConnection
-
-if TYPE_CHECKING:
-    from router.proxy.splice import Splice
-    from router.proxy.upstream import UpstreamPool
+from router.proxy.upstream_body import BodySink
+from router.proxy.upstream_connection import Lender, UpstreamConnection
 
 
 class UpstreamResponse:
@@ -23,7 +19,7 @@ class UpstreamResponse:
 
     __slots__ = ("_conn", "_pool", "headers", "status")
 
-    def __init__(self, pool: UpstreamPool, conn: UpstreamConnection) -> None:
+    def __init__(self, pool: Lender, conn: UpstreamConnection) -> None:
         self._pool = pool
         self._conn: UpstreamConnection | None = conn
         self.status: int = conn.status
@@ -54,7 +50,7 @@ class UpstreamResponse:
             self.release()
             raise
 
-    def attach(self, sink: Splice) -> None:
+    def attach(self, sink: BodySink) -> None:
         """Hand the body to `sink` as it is read (router/proxy/splice.py) instead of iterating."""
         conn = self._conn
         if conn is not None:

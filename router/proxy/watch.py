@@ -2,7 +2,7 @@
 
 When it does, the request's task is cancelled at once, which closes the upstream connection
 (vLLM then aborts the request and frees its KV blocks). The router's own server tells of the
-loss itself (`BodyWriter.on_disconnect`, router/asgi.py): a request there is watched from its
+loss itself (`BodyWriter.on_disconnect`, router/app/asgi.py): a request there is watched from its
 start at the cost of one callback. Under another ASGI server, a task has to wait on `receive`
 for `http.disconnect`, and most requests end before such a task would pay off, so one starts
 only once a request has run a while (the profile's `slow_clients.watch_disconnect_after_s`),
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Final, Protocol
 
-from router.asgi import BodyWriter, Receive
+from router.app.asgi import BodyWriter, Receive
 
 # A watch due this close is begun with those due now rather than under a timer of its own.
 _EARLY_S: Final = 0.001

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from router.httpserver.tls import TlsTermination
-from router.metrics import Metrics
+from router.observe.metrics import Metrics
 from router.settings import Settings
 from router.tls.contexts import files_digest, server_context
 

@@ -10,10 +10,10 @@ from router.balance.least_load import LeastLoad
 from router.balance.settings import LeastLoadSettings
 from router.config.load import parse_profile
 from router.config.models import RequestClass
-from router.metrics import Metrics
-from router.runtime import build_runtime
-from router.scrape import scraped_pools
-from tests.profiles import profile
+from router.fleet.scrape import scraped_pools
+from router.observe.metrics import Metrics
+from router.state.runtime import build_runtime
+from tests.support.profiles import profile
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from router.balance import STRATEGIES, make_balancer, strategy
 from router.balance.settings import PrefixAffinitySettings
 from router.config.load import ConfigError, parse_profile
 from router.config.models import RequestClass
-from tests.profiles import profile
+from tests.support.profiles import profile
 
 ROUTER = Path(__file__).resolve().parents[2] / "router"
 

@@ -16,7 +16,7 @@ from router.balance.least_outstanding import LeastOutstanding
 from router.balance.power_of_two import PowerOfTwo
 from router.balance.prefix_affinity import PrefixAffinity, PrefixMemory, rendezvous_score
 from router.balance.round_robin import RoundRobin
-from router.facts import prefix_chain
+from router.request.facts import prefix_chain
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.auth import build_keys
 from router.config import parse_profile
 from router.config.models import DEFAULT_ROUTES, RouteScope
+from router.keys.auth import build_keys
 from tests.config.test_load import issues_of, mutated
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from router.auth import hash_key
 from router.balance.settings import PrefixAffinitySettings
 from router.cli import main
 from router.config.load import load_profile
+from router.keys.auth import hash_key
 
 PROFILES = Path(__file__).resolve().parents[2] / "config" / "profiles"
 NAMES = (

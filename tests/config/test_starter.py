@@ -15,15 +15,15 @@ import orjson
 import pytest
 import yaml
 
-from router.auth import hash_key
 from router.cli import main
 from router.config.load import load_profile
 from router.config.models import ALL_CLASSES
+from router.keys.auth import hash_key
 from router.server import build_state
 from router.settings import Settings
-from tests.fakebackend import FakeBackend
 from tests.proxy.rawserver import closed_port, ok, pages, raw_servers
-from tests.servers import server_group
+from tests.support.fakebackend import FakeBackend
+from tests.support.servers import server_group
 
 
 async def run_cli(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

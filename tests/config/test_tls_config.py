@@ -13,8 +13,8 @@ import yaml
 
 from router.config.load import ConfigError, parse_profile
 from router.tls.upstream import upstream_tls
-from tests.profiles import profile
-from tests.tlscerts import TestCA
+from tests.support.profiles import profile
+from tests.support.tlscerts import TestCA
 
 
 def _pool(data: dict[str, Any]) -> dict[str, Any]:

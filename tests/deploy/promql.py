@@ -47,7 +47,7 @@ def registry_families(registry: CollectorRegistry) -> dict[str, Family]:
 
 def _declared_labels(registry: CollectorRegistry, name: str) -> frozenset[str]:
     collector = registry._names_to_collectors.get(name) or registry._names_to_collectors[name + "_total"]
-    # prometheus_client's own metrics keep their label names private; router/leanmetrics.py's
+    # prometheus_client's own metrics keep their label names private; router/observe/leanmetrics.py's
     # families name them publicly.
     return frozenset(getattr(collector, "labelnames", None) or getattr(collector, "_labelnames", ()))
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import yaml
 
-from router.auth import hash_key
 from router.config.load import load_profile, parse_profile
 from router.config.models import ProfileConfig
+from router.keys.auth import hash_key
 from tests.deploy.tools import EXAMPLE_PROFILE
 
-# A literal key the renderers accept: `lane-router render` refuses guessable ones (router/keyhygiene.py).
+# A literal key the renderers accept: `lane-router render` refuses guessable ones (router/keys/hygiene.py).
 HASH = hash_key("app-key-of-the-deployment-tests")
 
 

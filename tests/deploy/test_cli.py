@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from router.auth import hash_key
 from router.cli import main
 from router.deploy.render_vllm import serve_plan, serve_script
+from router.keys.auth import hash_key
 from tests.deploy.samples import example, found_by_dns, small
 from tests.deploy.tools import EXAMPLE_PROFILE, REPO
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from router.metrics import Metrics
+from router.observe.metrics import Metrics
 from tests.deploy.promql import (
     SYNTHETIC,
     TARGET_LABELS,

@@ -12,7 +12,7 @@ from router.config.load import ConfigError, parse_profile
 from router.config.render import RenderError, pool_serve_args
 from router.deploy.plan import deployed_profile, env_name, plan_pools, pool_notes, slug
 from tests.deploy.samples import cfg, small
-from tests.tlscerts import TestCA
+from tests.support.tlscerts import TestCA
 
 
 def test_slug_is_a_dns_label() -> None:

@@ -11,11 +11,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from router.auth import build_keys, hash_key
 from router.config.render import RenderError
 from router.deploy.plan import plan_pools, router_secret_envs
 from router.deploy.render_k8s import K8sOptions, render_k8s
-from router.keyhygiene import key_issues
+from router.keys.auth import build_keys, hash_key
+from router.keys.hygiene import key_issues
 from tests.deploy.k8s import container, deployed_profile, kind, manifests, one, pod_labels, pools, selects
 from tests.deploy.samples import cfg, example, example_data, small
 from tests.deploy.tools import K8S_VERSIONS

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from router.asgi import Receive, Scope, Send, answer_lifespan, send_json
+from router.app.asgi import Receive, Scope, Send, answer_lifespan, send_json
 
 
 async def read_all(receive: Receive) -> tuple[bytes, list[int]]:

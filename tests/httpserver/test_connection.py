@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, send_bytes, send_json
+from router.app.asgi import Receive, Scope, Send, send_bytes, send_json
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import FedBytes, Raw, request, serving
 

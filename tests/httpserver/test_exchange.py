@@ -12,8 +12,8 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, body_writer, send_json
-from router.slowclient import unsent_probe
+from router.app.asgi import Receive, Scope, Send, body_writer, send_json
+from router.lanes.slowclient import unsent_probe
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import Raw, ask, request, serving
 
@@ -176,7 +176,7 @@ async def test_a_body_send_returns_without_suspending_until_the_transport_pauses
         resp = await client.response()
         client.close()
     assert sent >= 1
-    assert unsent > 0  # the lag router/slowclient.py measures through `send`
+    assert unsent > 0  # the lag router/lanes/slowclient.py measures through `send`
     # The server's body writer tells the same, read in the same loop step with the client not
     # reading: its kernel send queue, not only the transport's buffer.
     assert told == unsent

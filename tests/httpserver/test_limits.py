@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, send_json
+from router.app.asgi import Receive, Scope, Send, send_json
 from tests.httpserver.apps import Scripted
 from tests.httpserver.raw import FedBytes, Raw, ask, request, serving
 

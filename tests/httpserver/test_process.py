@@ -20,11 +20,11 @@ import orjson
 import pytest
 import yaml
 
-from tests.fakebackend import Behaviour, FakeBackend
 from tests.httpserver.raw import Raw, request
-from tests.processes import last_error, stream_stopped_twice
-from tests.profiles import KEYS, MODEL, auth, profile
-from tests.servers import free_port, server_group
+from tests.support.fakebackend import Behaviour, FakeBackend
+from tests.support.processes import last_error, stream_stopped_twice
+from tests.support.profiles import KEYS, MODEL, auth, profile
+from tests.support.servers import free_port, server_group
 
 MB = 1 << 20
 

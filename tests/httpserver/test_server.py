@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, send_json
+from router.app.asgi import Receive, Scope, Send, send_json
 from router.httpserver import HttpServer, ServerConfig, StartupFailed
 from tests.httpserver.apps import Scripted, echo, event, read_all, sse_start
 from tests.httpserver.raw import Raw, ask, request, serving

@@ -25,7 +25,7 @@ from router.httpserver.tls import (
 from router.tls.contexts import server_context
 from tests.httpserver.apps import echo
 from tests.httpserver.raw import Raw, request
-from tests.tlscerts import Issued, TestCA, serial_of
+from tests.support.tlscerts import Issued, TestCA, serial_of
 
 ROLES = ("cert", "key", "client_ca")
 

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
-from router.asgi import Receive, Scope, Send, send_json
+from router.app.asgi import Receive, Scope, Send, send_json
 from tests.conftest import Stack, router_stack
 from tests.httpserver.apps import Scripted, read_all
 from tests.httpserver.raw import FedBytes, Raw, Response, ask, request, serving
-from tests.profiles import KEYS, MODEL
+from tests.support.profiles import KEYS, MODEL
 
 HEAD_LIMIT = 64 * 1024
 LAST_CHUNK = b"0\r\n\r\n"  # and an empty trailer

@@ -18,8 +18,8 @@ from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.timing import StepTimeModel, load_preset
 from router.server import build_state
-from router.state import RouterState
-from tests.servers import server_group
+from router.state.live import RouterState
+from tests.support.servers import server_group
 
 # Fast enough that tests finish quickly, slow enough that steps are visible on a busy machine.
 QUICK = StepTimeModel(c0=0.004, c_prefill=2e-6, c_decode=1e-5, c_ctx=0.0, frontend_s=0.0)

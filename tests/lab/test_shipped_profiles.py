@@ -10,9 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from router.auth import hash_key, new_key
 from router.config.load import load_profile
 from router.config.models import ALL_CLASSES
+from router.keys.auth import hash_key, new_key
 from router.lab.sim.cli import DEFAULT_PRESET
 from router.lab.sim.timing import StepTimeModel, load_preset
 from tests.config.test_profiles import BACKENDS, ENV_KEYS, NAMES, path

@@ -14,15 +14,15 @@ import httpx
 import openai
 import yaml
 
-from router.auth import hash_key
 from router.config.load import parse_profile
+from router.keys.auth import hash_key
 from router.server import build_state
 from router.settings import Settings
-from router.state import RouterState
+from router.state.live import RouterState
 from tests.conftest import Stack
-from tests.fakebackend import FakeBackend
-from tests.profiles import KEYS, profile
-from tests.servers import ServerGroup, server_group
+from tests.support.fakebackend import FakeBackend
+from tests.support.profiles import KEYS, profile
+from tests.support.servers import ServerGroup, server_group
 
 API_KEYS = {"api": "api-key-0123456789", "reader": "reader-key-0123456789", "namer": "namer-key-0123456789"}
 ALL_ROUTES = ["chat", "completions", "embeddings", "responses", "rerank", "score", "tokenize", "audio"]

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from tests.conftest import router_stack
-from tests.fakebackend import Behaviour
-from tests.profiles import MODEL, auth, profile
+from tests.support.fakebackend import Behaviour
+from tests.support.profiles import MODEL, auth, profile
 
 SHORT = "hello there"
 LONG = "lorem ipsum dolor sit amet " * 200  # ≈1350 tokens: long above 1024

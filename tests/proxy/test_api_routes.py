@@ -16,14 +16,14 @@ import httpx
 import orjson
 import pytest
 
-from router.audiofacts import audio_clips
-from router.auth import hash_key
 from router.errors import BadRequest
-from router.wavheader import HEAD_BYTES, wav_bitrate
+from router.keys.auth import hash_key
+from router.request.audiofacts import audio_clips
+from router.request.wavheader import HEAD_BYTES, wav_bitrate
 from tests.conftest import Stack
-from tests.fakebackend import Seen
-from tests.profiles import profile
 from tests.proxy.apistack import ALL_ROUTES, api_stack, client, sdk
+from tests.support.fakebackend import Seen
+from tests.support.profiles import profile
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "fake-model"

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.requestfields import ENGINE_FIELDS, OPEN_FIELDS
+from router.request.fields import ENGINE_FIELDS, OPEN_FIELDS
 from tests.conftest import Stack, router_stack
-from tests.fakebackend import Seen
-from tests.profiles import MODEL, auth, profile
+from tests.support.fakebackend import Seen
+from tests.support.profiles import MODEL, auth, profile
 
 
 @dataclass

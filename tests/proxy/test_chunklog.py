@@ -9,24 +9,24 @@ import pytest
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
-from router.leanmetrics import Buckets, HistogramValue
-from router.metrics import Metrics
-from router.poolgate import Ticket
+from router.keys.ratelimit import USAGE_TAIL_BYTES
+from router.lanes.poolgate import Ticket
+from router.observe.leanmetrics import Buckets, HistogramValue
+from router.observe.metrics import Metrics
+from router.observe.record import RequestRecord
+from router.proxy.attempt import Attempt
 from router.proxy.chunklog import TAIL_SLACK, ChunkLog, UsageTail
-from router.proxy.forward import Exchange
-from router.ratelimit import USAGE_TAIL_BYTES
-from router.requestrecord import RequestRecord
-from router.runtime import build_runtime
-from tests.profiles import profile
+from router.state.runtime import build_runtime
+from tests.support.profiles import profile
 
 
-def exchange(gaps: HistogramValue, tail: UsageTail | None) -> Exchange:
+def exchange(gaps: HistogramValue, tail: UsageTail | None) -> Attempt:
     rt = build_runtime(parse_profile(profile(["http://127.0.0.1:9100"])), Metrics())
     lane = rt.lanes[RequestClass.CHAT]
     ticket = Ticket(lane=lane, long=False, affinity=None)
     assert lane.pool.gate.try_take(ticket) is not None
     rec = RequestRecord(b"r", "/v1/chat/completions", 0.0, 0.0)
-    return Exchange(
+    return Attempt(
         lane=lane,
         target=b"/v1/chat/completions",
         body=b"{}",

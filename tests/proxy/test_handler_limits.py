@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-from router.auth import hash_key
+from router.keys.auth import hash_key
 from tests.conftest import router_stack
-from tests.fakebackend import Behaviour
-from tests.profiles import MODEL, auth, profile
+from tests.support.fakebackend import Behaviour
+from tests.support.profiles import MODEL, auth, profile
 
 LIMITED = "limited-key-0123456789"
 

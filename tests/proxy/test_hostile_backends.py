@@ -16,9 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from router.accesslog import AccessLog
+from router.observe.accesslog import AccessLog
 from tests.conftest import Stack, router_stack
-from tests.profiles import MODEL, auth, profile
 from tests.proxy.rawserver import (
     RawServer,
     Reply,
@@ -30,6 +29,7 @@ from tests.proxy.rawserver import (
     stream_head_field,
     wait_until,
 )
+from tests.support.profiles import MODEL, auth, profile
 
 WHOLE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 STREAM = {**WHOLE, "stream": True}

@@ -15,10 +15,10 @@ import httpx
 import orjson
 import yaml
 
-from tests.processes import wait_ready
-from tests.profiles import MODEL, auth, profile
 from tests.proxy.rawserver import Request, backend, ok, raw_servers, stream_head_field
-from tests.servers import free_port
+from tests.support.processes import wait_ready
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.servers import free_port
 
 WHOLE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 HEAD_LIMIT = 64 * 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.conftest import router_stack
-from tests.profiles import MODEL, auth, profile
+from tests.support.profiles import MODEL, auth, profile
 
 
 def shape(urls: list[str]) -> dict[str, Any]:

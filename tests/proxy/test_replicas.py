@@ -16,16 +16,16 @@ from typing import Any
 import httpx
 import pytest
 
-from router.auth import hash_key
 from router.config.load import parse_profile
+from router.keys.auth import hash_key
 from router.server import build_state
-from router.state import RouterState
-from tests.fakebackend import Behaviour, FakeBackend
-from tests.profiles import MODEL, auth, profile
+from router.state.live import RouterState
 from tests.proxy.test_slow_clients import TOKENS, finished, read_slowly, stream_body
 from tests.proxy.test_slow_clients import shape as slow_shape
-from tests.redisserver import RedisServer, redis_server
-from tests.servers import server_group
+from tests.support.fakebackend import Behaviour, FakeBackend
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.redisserver import RedisServer, redis_server
+from tests.support.servers import server_group
 
 LIMITED = "limited-key-0123456789"
 LIMITED_AUTH = {"authorization": f"Bearer {LIMITED}"}

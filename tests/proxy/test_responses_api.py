@@ -14,12 +14,12 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from router.backendhealth import Health
+from router.fleet.backend import Health
 from router.proxy.conversation import conversation_tokens
-from router.tokens import NO_MEDIA
+from router.request.tokens import NO_MEDIA
 from tests.conftest import Stack
-from tests.fakebackend import Seen
 from tests.proxy.apistack import api_profile, api_stack, bearer, client, sdk, write_profile
+from tests.support.fakebackend import Seen
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "fake-model"

@@ -15,11 +15,11 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Monitor
 
 from router.config.models import RequestClass
-from router.responseids import Holder
-from tests.fakebackend import FakeBackend
+from router.state.responseids import Holder
 from tests.proxy.apistack import api_profile, client, sdk, start_router
-from tests.redisserver import RedisServer, redis_server
-from tests.servers import server_group
+from tests.support.fakebackend import FakeBackend
+from tests.support.redisserver import RedisServer, redis_server
+from tests.support.servers import server_group
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "fake-model"

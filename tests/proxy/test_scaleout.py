@@ -1,5 +1,5 @@
 """Router processes that together keep every admission limit: two `lane-router serve` processes,
-or one with `--workers 2`, in front of one recording backend (tests/scaleout.py) that logs, at
+or one with `--workers 2`, in front of one recording backend (tests/support/scaleout.py) that logs, at
 every instant, how many requests await their first byte (and how many of those are long) and
 how many it serves. With `state:` on a real redis-server the limits hold for the processes
 together; a process killed while it holds slots has them back within the lease; without
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from router.config.models import StateConfig
-from router.slots.store import LEASE_BEATS
-from tests.redisserver import RedisServer, redis_server
-from tests.scaleout import (
+from router.state.slots.store import LEASE_BEATS
+from tests.support.redisserver import RedisServer, redis_server
+from tests.support.scaleout import (
     RecordingBackend,
     Router,
     burst,
@@ -30,7 +30,7 @@ from tests.scaleout import (
     shaped,
     write_profile,
 )
-from tests.servers import server_group
+from tests.support.servers import server_group
 
 Backend = tuple[RecordingBackend, str]
 LIMITS = {"awaiting": 2, "long": 1, "serving": 3}  # max_prefilling, max_long_prefilling, max_in_flight

@@ -1,6 +1,6 @@
 """A lane's limit held by two `lane-router serve` replicas together through Redis going away,
 stalling and coming back empty: a real redis-server, real router processes, and a backend that
-holds every request until the test lets it go and counts how many it holds (tests/holdingbackend.py).
+holds every request until the test lets it go and counts how many it holds (tests/support/holdingbackend.py).
 
 The profile splits the chat lane's 4 slots into parts of 2 (`replicas: 2`). Replica A takes all
 4 while Redis is there; whatever happens to Redis then, B's requests must not reach the backend
@@ -21,12 +21,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from router.auth import hash_key
-from tests.holdingbackend import HoldingBackend
-from tests.profiles import MODEL, auth, profile
-from tests.redisserver import RedisServer, redis_server
-from tests.scaleout import Router, kill, router, until_exited, write_profile
-from tests.servers import server_group
+from router.keys.auth import hash_key
+from tests.support.holdingbackend import HoldingBackend
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.redisserver import RedisServer, redis_server
+from tests.support.scaleout import Router, kill, router, until_exited, write_profile
+from tests.support.servers import server_group
 
 LANE = 4
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

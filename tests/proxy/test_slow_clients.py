@@ -16,11 +16,11 @@ import orjson
 
 from router.config.load import parse_profile
 from router.server import build_state
-from router.state import RouterState
+from router.state.live import RouterState
 from tests.conftest import router_stack
-from tests.fakebackend import Behaviour, FakeBackend
-from tests.profiles import MODEL, auth, profile
-from tests.servers import server_group
+from tests.support.fakebackend import Behaviour, FakeBackend
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.servers import server_group
 
 TOKENS = 6000
 

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from tests.conftest import Stack, router_stack
-from tests.fakebackend import Behaviour
-from tests.profiles import MODEL, auth, profile
-from tests.servers import free_port
+from tests.support.fakebackend import Behaviour
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.servers import free_port
 
 STREAM = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8}
 WHOLE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

@@ -11,12 +11,11 @@ import pytest
 
 from router.config.load import ConfigError, parse_profile
 from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
-from router.metrics import Metrics
+from router.observe.metrics import Metrics
 from router.proxy.limits import ResponseLimits
 from router.proxy.upstream import UpstreamPool
 from router.proxy.upstream_connection import UpstreamConnection
-from router.runtime import build_runtime
-from tests.profiles import profile
+from router.state.runtime import build_runtime
 from tests.proxy.rawserver import (
     Handler,
     RawServer,
@@ -28,6 +27,7 @@ from tests.proxy.rawserver import (
     stream_head_field,
     wait_until,
 )
+from tests.support.profiles import profile
 
 LIMIT = 64 * 1024
 ONE_READ = 256 * 1024  # the most either event loop hands over per read

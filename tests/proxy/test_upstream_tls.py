@@ -14,9 +14,9 @@ from router.errors import UpstreamClosed, UpstreamConnectError
 from router.proxy.upstream import UpstreamPool
 from router.tls.contexts import client_context
 from router.tls.upstream import UpstreamTlsError
-from tests.fakebackend import FakeBackend
-from tests.servers import server_group
-from tests.tlscerts import Issued, TestCA
+from tests.support.fakebackend import FakeBackend
+from tests.support.servers import server_group
+from tests.support.tlscerts import Issued, TestCA
 
 
 async def _https(backend: FakeBackend, group: Any, leaf: Issued, client_ca: Path | None = None) -> str:

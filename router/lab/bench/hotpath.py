@@ -29,14 +29,14 @@ from typing import Any
 import orjson
 
 from router import BUILD
-from router.apiroutes import PROXIED
-from router.asgi import BODY_WRITER, BodyWriter, Message
-from router.auth import hash_key
+from router.app.asgi import BODY_WRITER, BodyWriter, Message
+from router.app.routes import PROXIED
 from router.config.load import parse_profile
-from router.metrics import Metrics
+from router.keys.auth import hash_key
+from router.observe.metrics import Metrics
 from router.proxy.handler import handle
 from router.proxy.splice import Splice
-from router.runtime import Runtime, build_runtime
+from router.state.runtime import Runtime, build_runtime
 
 KEY = "hotpath-key"
 _LIMITS: dict[str, Any] = {"rpm": 10_000_000, "tpm": 1_000_000_000, "max_concurrency": 100_000}
@@ -150,7 +150,7 @@ class _Receive:
 
 
 class _Writer(BodyWriter):
-    """The server's `BodyWriter` (router/asgi.py) over a client that takes every write."""
+    """The server's `BodyWriter` (router/app/asgi.py) over a client that takes every write."""
 
     def write_body(self, body: bytes, last: bool) -> bool:
         return False

@@ -24,7 +24,7 @@ from router.lab.bench.generate import Request
 from router.lab.bench.outcome import Outcome
 from router.proxy.http1 import parse_origin
 from router.proxy.upstream import UpstreamPool
-from router.tokens import estimate_text_tokens
+from router.request.tokens import estimate_text_tokens
 
 CHAT_PATH = b"/v1/chat/completions"
 SLOW_RCVBUF = 4096

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import yaml
 
-from router.auth import hash_key, new_key
+from router.keys.auth import hash_key, new_key
 from router.lab.bench.tlscerts import run_certificates
 from router.lab.procs import child_process, free_ports
 from router.proxy.upstream import UpstreamPool

@@ -21,20 +21,20 @@ from dataclasses import dataclass
 
 import orjson
 
-from router.auth import ApiKey
 from router.balance import corrected_load
-from router.classify import Signals, classify
 from router.config.models import ProfileConfig, RequestClass
 from router.errors import RouterError
-from router.facts import parse_facts
+from router.keys.auth import ApiKey
 from router.lab.bench.reader import ReadStream, first_lag
 from router.lab.sim.protocol import ChunkWriter
 from router.lab.sim.vclock import BackendState, TraceRequest
-from router.metrics import Metrics
+from router.lanes.classify import Signals, classify
+from router.lanes.slowclient import client_identity
+from router.observe.metrics import Metrics
 from router.proxy.handler import affinity_for
-from router.runtime import Runtime, build_runtime
-from router.slowclient import client_identity
-from router.tokens import CHARS_PER_TOKEN
+from router.request.facts import parse_facts
+from router.request.tokens import CHARS_PER_TOKEN
+from router.state.runtime import Runtime, build_runtime
 
 
 def open_key(name: str = "bench") -> ApiKey:

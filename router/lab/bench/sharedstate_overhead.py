@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from router.auth import new_key
+from router.keys.auth import new_key
 from router.lab.bench.alternating import STARTUP_S, Target, Totals, alternate
 from router.lab.bench.overhead import Sample, Scenario, bench_profile, load, pct, wait_up
 from router.lab.procs import child_process, free_ports

@@ -2,7 +2,7 @@
 
 The router always runs as its own process (`lane-router serve`, exactly as deployed), with a
 profile rewritten for the occasion: its keys replaced by one key made for this stack alone
-(`router.auth.new_key`), debug headers switched on so each answer names its lane, and prompts
+(`router.keys.auth.new_key`), debug headers switched on so each answer names its lane, and prompts
 counted as the simulated engines count them unless the profile says otherwise. The engines run
 either in a process of their own (`local_stack`: `lane-router sim --config`, for the mixed-traffic
 lab, whose load generator must not share a CPU budget with them) or in the caller's event loop
@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from router.auth import hash_key, new_key
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
+from router.keys.auth import hash_key, new_key
 from router.lab.bench.generate import Trace
 from router.lab.bench.loadclient import Endpoint
 from router.lab.bench.outcome import Outcome

@@ -1,5 +1,5 @@
 """Deterministic filler text whose length gives an exact token count under the project's
-estimate (4 characters per token, `router.tokens.CHARS_PER_TOKEN`).
+estimate (4 characters per token, `router.request.tokens.CHARS_PER_TOKEN`).
 
 Prompts are slices of one seeded corpus of pseudo-words. A prompt that must not share a prefix
 with any other starts with its own tag, so the router's prefix fingerprints and the engine's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from router.tokens import CHARS_PER_TOKEN
+from router.request.tokens import CHARS_PER_TOKEN
 
 _LETTERS = "etaoinshrdlucmfwypvbgk"
 CORPUS_CHARS = 1 << 19  # longer than any prompt the workloads ask for (128k tokens)

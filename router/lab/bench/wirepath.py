@@ -25,7 +25,7 @@ last (router/lab/bench/zero_backend.py `--lockstep-fd`), over a socket pair betw
 children, so it holds whatever the timing; its one connection is checked by `gaps` in the
 result, the token gaps the router timed, one per read after a response's first (64 each).
 Per read, then: (paced − whole) / 65. Some of a stream's work still goes by the clock (the
-client's lag is sampled every LAG_CHECK_S, router/slowclient.py; the client's next request may
+client's lag is sampled every LAG_CHECK_S, router/lanes/slowclient.py; the client's next request may
 come before or after the last one's task has finished): one tree's paced count moves by a few
 percent from run to run on a busy machine. Compare two trees by runs made side by side, over a
 wide N2 − N1.
@@ -50,7 +50,7 @@ from router import httpserver
 from router.config.load import parse_profile
 from router.lab.bench.peers.targets import lane_router_profile
 from router.lab.procs import child_process, free_ports
-from router.metrics import Metrics
+from router.observe.metrics import Metrics
 from router.server import build_app, server_config
 from router.settings import Settings
 

@@ -1,5 +1,5 @@
 """`lane-router bench overhead --workers N`: the router as one process against `serve --workers N`
-(both ways of sharing the port, router/workers.py), side by side in one run on loopback.
+(both ways of sharing the port, router/supervisor/workers.py), side by side in one run on loopback.
 
 Routers with the same profile in front of the same fake backends (one answering at once, one
 paced at 20 ms to the first token and 5 ms between tokens); the load alternates between them
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from router.auth import new_key
+from router.keys.auth import new_key
 from router.lab.bench.alternating import Target, Totals, alternate, tree_cpu_seconds
 from router.lab.bench.overhead import Scenario, bench_profile, pct
 from router.lab.procs import child_process, free_ports

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from router.asgi import Receive, Scope, Send, answer_lifespan, receive_body, send_bytes, send_json
+from router.app.asgi import Receive, Scope, Send, answer_lifespan, receive_body, send_bytes, send_json
 from router.lab.sim.protocol import ChunkWriter, full_response
 
 MODEL = "fake-model"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from router.auth import hash_key, new_key
 from router.config.load import load_profile
 from router.evidence.cli import parse_slo
 from router.evidence.identity import serving_configuration
 from router.evidence.store import EvidenceStore
 from router.evidence.verdicts import LaneVerdict, lane_verdicts
+from router.keys.auth import hash_key, new_key
 from router.lab.bench.stack import backend_ports, wait_ready
 from router.lab.evidence.example import BULK, INTERACTIVE, example_profile, example_workload
 from router.lab.procs import child_process, free_ports

@@ -50,7 +50,7 @@ from router.lab.sim.timedstream import (
     token_prompt,
 )
 from router.lab.sim.timing import Preset
-from router.tokens import estimate_text_tokens
+from router.request.tokens import estimate_text_tokens
 
 _WORDS = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud", "light", "ember",
           "north", "maple", "quartz", "violet", "harbor", "signal")  # fmt: skip

@@ -17,7 +17,7 @@ from types import TracebackType
 
 import uvicorn
 
-from router.asgi import Message, Receive, Scope, Send
+from router.app.asgi import Message, Receive, Scope, Send
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.engine import Engine
 from router.lab.sim.runner import EngineRunner

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from router.asgi import Receive, Scope, Send, answer_lifespan
+from router.app.asgi import Receive, Scope, Send, answer_lifespan
 from router.errors import BadRequest, RouterError
 from router.lab.sim.protocol import (
     ChunkWriter,

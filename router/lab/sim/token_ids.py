@@ -5,7 +5,7 @@ id that depends only on its characters (the chunk's 4 bytes when it is ASCII, a 
 otherwise), so that
 
 * the token count of a text is exactly `estimate_text_tokens(text)` — the same "≈4 characters per
-  token" estimate of `router.tokens`, where it is defined;
+  token" estimate of `router.request.tokens`, where it is defined;
 * equal text prefixes give equal leading token ids (a chunk's id depends only on its characters),
   which is what makes repeated prefixes hit the prefix cache;
 * the result is identical across processes (no use of Python's salted `hash`).
@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from router.tokens import CHARS_PER_TOKEN, estimate_text_tokens, message_text
+from router.request.tokens import CHARS_PER_TOKEN, estimate_text_tokens, message_text
 
 # Generated text is made of these 4-character words, so re-tokenizing an answer that starts on a
 # chunk boundary yields the same ids and the same count.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.auth import hash_key
+from router.keys.auth import hash_key
 from router.lab.bench.workload import WorkloadSpec
 
 KEY = "lab-test-key-0123456789"

@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 import pytest
 
-from router.asgi import answer_lifespan
+from router.app.asgi import answer_lifespan
 from router.lab.bench.generate import Request
 from router.lab.bench.loadclient import Endpoint, StreamMeter, new_outcome, send_slow
-from tests.servers import running
+from tests.support.servers import running
 
 
 def chunk(text: str, *, role: bool = False) -> bytes:
@@ -126,7 +126,7 @@ async def test_a_fast_reader_on_the_same_socket_path_is_not_held() -> None:
 
 
 async def test_connection_refused_is_an_outcome_not_an_exception() -> None:
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     req = request(10.0)
     out = new_outcome(req, 0.0)

@@ -9,7 +9,7 @@ import pytest
 
 from router.lab.bench.generate import CLIENT_HEADER, Request, SessionPlan, generate
 from router.lab.bench.workload import WorkloadSpec, load_workload
-from router.tokens import CHARS_PER_TOKEN, estimate_messages_tokens
+from router.request.tokens import CHARS_PER_TOKEN, estimate_messages_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_workload(ROOT / "config/workloads/mixed-six.yaml")

@@ -6,9 +6,9 @@ import random
 
 import orjson
 
-from router.facts import parse_facts
 from router.lab.bench import laneplans
-from router.tokens import SimulatorCounter
+from router.request.facts import parse_facts
+from router.request.tokens import SimulatorCounter
 
 
 def test_text_has_four_characters_a_token() -> None:

@@ -18,8 +18,8 @@ from router.lab.sim.timing import load_preset
 from router.server import build_state
 from router.settings import Settings
 from tests.lab.bench.lab import KEY, MODEL, quick_workload, two_pools
-from tests.processes import wait_ready
-from tests.servers import server_group
+from tests.support.processes import wait_ready
+from tests.support.servers import server_group
 
 
 @pytest.mark.timeout(60)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from router.lab.realvllm.install import VLLM_VERSION
-from tests.profiles import profile
+from tests.support.profiles import profile
 
 MODEL_NAME = "tiny"
 POOL_NAMES = ("interactive", "batch")

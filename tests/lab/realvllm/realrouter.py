@@ -21,14 +21,14 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import parse_profile
+from router.fleet.backend import Health
 from router.lab.realvllm.server import VllmServer
-from router.observer import build_observer
-from router.runtime import Health
+from router.observe.observer import build_observer
 from router.server import build_state
 from router.settings import Settings
-from router.state import RouterState
-from tests.profiles import KEYS
-from tests.servers import server_group
+from router.state.live import RouterState
+from tests.support.profiles import KEYS
+from tests.support.servers import server_group
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from router.lab.realvllm.server import VllmServer
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME
 from tests.lab.realvllm.realrouter import GENERATED, RUNNING, RealRouter, scrape, wait_idle
-from tests.profiles import KEYS
+from tests.support.profiles import KEYS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

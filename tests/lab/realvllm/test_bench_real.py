@@ -15,7 +15,7 @@ from router.lab.realvllm.vllm_bench import REPO, bench_command, bench_env
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME
 from tests.lab.realvllm.realrouter import RealRouter, finished, finished_since
-from tests.profiles import KEYS
+from tests.support.profiles import KEYS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from router.auth import hash_key
+from router.keys.auth import hash_key
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME
 from tests.lab.realvllm.realrouter import (

@@ -15,7 +15,7 @@ import pytest
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.realrouter import AccessLog, RealRouter, real_router
 from tests.lab.realvllm.routes import OPEN_ROUTES, ROUTER_OWN
-from tests.profiles import auth
+from tests.support.profiles import auth
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.realrouter import DRIFT, real_router
-from tests.profiles import auth
+from tests.support.profiles import auth
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

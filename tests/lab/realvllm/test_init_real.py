@@ -14,10 +14,10 @@ import httpx
 import pytest
 import yaml
 
-from router.auth import hash_key
+from router.keys.auth import hash_key
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MAX_MODEL_LEN, MODEL_NAME, SHARED_KEY
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 # Start-up of the session's servers counts against the first test run; a busy host needs longer.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

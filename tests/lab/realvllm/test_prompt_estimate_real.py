@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.facts import parse_facts
-from router.tokens import PromptCounter, make_counter
+from router.request.facts import parse_facts
+from router.request.tokens import PromptCounter, make_counter
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from router.auth import hash_key
+from router.keys.auth import hash_key
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME, SHARED_KEY
 from tests.lab.realvllm.realrouter import RealRouter, real_router

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionStreamOp
 from tests.lab.realvllm.conftest import RealPools
 from tests.lab.realvllm.pools import MODEL_NAME, POOL_KEYS, SHARED_KEY
 from tests.lab.realvllm.realrouter import AccessLog, RealRouter, finished, finished_since
-from tests.profiles import KEYS, auth
+from tests.support.profiles import KEYS, auth
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -21,8 +21,8 @@ from router.settings import Settings
 from tests.lab.realvllm.conftest import START_TIMEOUT_S
 from tests.lab.realvllm.pools import MODEL_NAME, POOL_KEYS, real_profile
 from tests.lab.realvllm.realrouter import real_router
-from tests.otlpreceiver import Receiver, Span, otlp_receiver
-from tests.profiles import KEYS
+from tests.support.otlpreceiver import Receiver, Span, otlp_receiver
+from tests.support.profiles import KEYS
 
 pytestmark = pytest.mark.vllm
 

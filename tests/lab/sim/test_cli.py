@@ -22,7 +22,7 @@ from router.lab.sim.profile import profile_specs
 from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.timing import StepTimeModel, load_preset, preset_names
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 
 def test_packaged_presets_load_and_validate() -> None:

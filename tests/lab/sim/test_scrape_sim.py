@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from router.fleet.scrape import LoadScraper, scraped_pools
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.request import new_request
 from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.timing import StepTimeModel
-from router.scrape import LoadScraper, scraped_pools
-from tests.profiles import MODEL
-from tests.test_scrape import _runtime
+from tests.fleet.test_scrape import _runtime
+from tests.support.profiles import MODEL
 
 
 async def test_the_scraper_reads_live_simulated_servers() -> None:

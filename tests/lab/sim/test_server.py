@@ -16,7 +16,7 @@ from router.lab.sim.config import EngineConfig
 from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.timing import StepTimeModel
-from router.tokens import estimate_messages_tokens, estimate_text_tokens
+from router.request.tokens import estimate_messages_tokens, estimate_text_tokens
 
 FAST = StepTimeModel(c0=0.002, c_prefill=1e-6, c_decode=1e-5, c_ctx=0.0)
 # Slow enough that a handler on a busy machine never lags a step (no chunk coalescing).

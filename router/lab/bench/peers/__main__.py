@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import router.lab.bench.peers as package
-from router.auth import new_key
+from router.keys.auth import new_key
 from router.lab.bench.peers import harness, report
 from router.lab.bench.peers.scenarios import SCENARIOS
 from router.lab.bench.peers.targets import KINDS, LABELS, Target, Tools, lane_router_targets

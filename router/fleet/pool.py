@@ -1,0 +1,63 @@
+"""A pool: its backends, in three sets. `backends` are the members in rotation (health decides
+which of them are routable); `joining`, servers found by discovery and not yet probed healthy;
+`draining`, servers gone from the pool that still finish their requests. How members come and go
+is router/fleet/fleet.py; a pool outlives a reload whenever the profile keeps it
+(router/state/runtime.py), and so does the gate its lanes wait at (router/lanes/poolgate.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router.config.models import PoolConfig
+from router.fleet.backend import Backend, ConnectionSettings, Health, backend_label, routable
+from router.fleet.membership import DiscoveryStatus
+from router.lanes.poolgate import PoolGate
+from router.tls.upstream import UpstreamTls
+
+
+@dataclass(eq=False)
+class Pool:
+    name: str
+    config: PoolConfig
+    upstream_key: bytes | None
+    config_hash: str
+    backends: tuple[Backend, ...] = ()
+    joining: tuple[Backend, ...] = ()
+    draining: tuple[Backend, ...] = ()
+    next_index: int = 0
+    discovery: DiscoveryStatus = field(default_factory=DiscoveryStatus)
+    holders: int = 0  # runtimes that hold the pool (router/fleet/fleet.py)
+    tls: UpstreamTls | None = None  # towards https backends (router/tls/upstream.py)
+    live_max_model_len: int | None = None  # the shortest its servers state (router/fleet/health.py)
+    gate: PoolGate = field(init=False)  # built with the pool (router/state/runtime.py `_new_pool`)
+
+    def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
+        return routable(self.backends, exclude)
+
+    @property
+    def max_model_len(self) -> int:
+        """The context requests are judged against: the profile's, or the servers' when shorter."""
+        declared = self.config.vllm.max_model_len
+        live = self.live_max_model_len
+        return declared if live is None else min(declared, live)
+
+    def has_healthy_backend(self) -> bool:
+        return any(b.health is Health.UP for b in self.backends)
+
+    @property
+    def members(self) -> tuple[Backend, ...]:
+        """Every backend the pool has now: in rotation or joining it."""
+        return self.backends + self.joining
+
+    def new_backend(self, origin: str) -> Backend:
+        """A backend first seen now, with the pool's next number and its own connections."""
+        index = self.next_index
+        self.next_index += 1
+        settings = ConnectionSettings.of(self.config, self.tls)
+        upstream = settings.connect(origin, backend_label(self.name, index))
+        return Backend(pool=self.name, name=origin, upstream=upstream, index=index, connection=settings)
+
+    def wake_waiters(self) -> None:
+        """Offer room to queued requests now — after a limit rose or a backend joined — rather
+        than at the next release."""
+        self.gate.wake()

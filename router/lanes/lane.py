@@ -1,0 +1,36 @@
+"""A lane: the requests of one class, with the pool they go to, the balancer that picks a backend
+and the counts admission reads (in flight, waiting). It outlives a reload whenever the profile
+keeps its class (router/state/runtime.py); its settings, as every request reads them, are
+router/lanes/settings.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mypy_extensions import mypyc_attr
+
+from router.balance import Balancer
+from router.config.models import LaneConfig, RequestClass
+from router.fleet.pool import Pool
+from router.lanes.settings import LaneSettings
+from router.observe.leanmetrics import HistogramValue
+
+
+# A Python class even where this module is compiled: the shared slot gate holds lanes in weak
+# sets (router/state/slots/gate.py), and compiled instances take no weak reference.
+@mypyc_attr(native_class=False)
+@dataclass(eq=False)
+class Lane:
+    cls: RequestClass
+    config: LaneConfig
+    pool: Pool
+    balancer: Balancer
+    queue_time: HistogramValue
+    in_flight: int = 0
+    waiting: int = 0
+    name: str = field(init=False)  # the class's name, read several times by every request
+    settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
+
+    def __post_init__(self) -> None:
+        self.name = self.cls.value
+        self.settings = LaneSettings(self.config, self.pool.config)

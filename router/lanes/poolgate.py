@@ -1,0 +1,369 @@
+"""Admission to one pool, with waiting: the I/O edge of `router.lanes.admission`.
+
+A request holds a `Ticket` from admission to its end. Taking a slot counts it against its lane
+(`max_in_flight`) and against one backend (in flight, and prefilling until its first token).
+When no slot is free the request waits in the pool's queue: lanes in priority order (lower
+`priority` first), FIFO within a lane, each lane's queue bounded by `queue_limit` and each
+wait by `queue_timeout_s` (then 503 with Retry-After).
+
+A released slot is handed to a waiter directly (the waiter's future receives its backend), so a
+request arriving later cannot take it first. A pass over the queue skips, at O(1) each, waiters
+that cannot go for a reason already seen: a long prompt blocked by the long-prefill limit does
+not hold up the short prompts behind it.
+
+The common case — nobody waiting and a slot free — costs no future, no task and no timer.
+
+The counts are this process's own. A process that is one of several enforces its part of every
+limit (router/state/slots/budget.py); with shared state, `router.state.slots.gate.SharedPoolGate` checks the
+whole limits in Redis and falls back to these parts while Redis cannot be reached."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol
+
+from mypy_extensions import mypyc_attr
+
+from router.balance import Affinity
+from router.errors import Unavailable
+from router.fleet.backend import Backend, Health, routable
+from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
+from router.state.slots.budget import ALONE, Share
+
+if TYPE_CHECKING:
+    from router.lanes.lane import Lane
+
+_SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
+_NO_BACKEND_RETRY_AFTER_S: Final = 2.0
+
+
+class Ticket:
+    """One request's claim on its pool, and what it holds right now. A plain slotted class, not
+    a dataclass: one is built per request; compared by identity."""
+
+    __slots__ = ("affinity", "backend", "holds_lane", "lane", "long", "pin", "prefilling", "timer", "tried")
+
+    def __init__(
+        self,
+        lane: Lane,
+        long: bool,
+        affinity: Affinity,
+        pin: Backend | None = None,
+        tried: frozenset[Backend] = frozenset(),
+    ) -> None:
+        self.lane = lane
+        self.long = long
+        self.affinity = affinity
+        self.tried = tried  # backends this request was sent to
+        self.holds_lane = False
+        self.backend: Backend | None = None
+        self.prefilling = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.pin = pin  # the one backend the request may go to (a stored response's)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    ticket: Ticket
+    future: asyncio.Future[Backend]
+    counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
+
+
+class Members(Protocol):
+    """What a gate reads of its pool (router/fleet/backend.py `Pool`): the backends in rotation."""
+
+    @property
+    def backends(self) -> tuple[Backend, ...]: ...
+
+
+# Subclassed by the gate that counts in Redis (router/state/slots/gate.py), which is not compiled
+# (docs/compiled.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
+class PoolGate:
+    """`limits` are the pool's; the gate enforces `share`'s part of them (and of its lanes'
+    `max_in_flight`), which are the limits themselves for a process alone."""
+
+    def __init__(
+        self,
+        limits: PrefillLimits,
+        pool: Members,
+        share: Share = ALONE,
+    ) -> None:
+        self._pool = pool
+        self._queues: dict[int, deque[_Waiter]] = {}
+        self._priorities: list[int] = []
+        self.waiting = 0
+        self.share = share
+        self.configure(limits)
+
+    def configure(self, limits: PrefillLimits, share: Share | None = None) -> None:
+        """New limits (a reload), applied to the next admissions."""
+        if share is not None:
+            self.share = share
+        self.whole = limits
+        self.limits = limits.part(self.share)
+        self._split = not self.share.alone
+
+    def lane_limit(self, lane: Lane) -> int | None:
+        """This process's part of the lane's `max_in_flight`."""
+        limit = lane.config.max_in_flight
+        return self.share.of(limit) if self._split else limit
+
+    # -- taking and giving back -------------------------------------------------------------
+
+    def try_take(self, ticket: Ticket) -> Backend | None:
+        lane = ticket.lane
+        if not ticket.holds_lane:
+            limit = lane.settings.max_in_flight
+            if limit is not None:
+                if self._split:
+                    limit = self.share.part(limit)
+                if lane.in_flight >= limit:
+                    return None
+        # Most tickets are pinned to no backend: the routable ones are theirs.
+        pool = self._pool
+        candidates = (
+            routable(pool.backends, ticket.tried) if ticket.pin is None else routable_for(pool, ticket)
+        )
+        backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
+        if backend is None:
+            return None
+        charge(ticket, backend)
+        return backend
+
+    def end_prefill(self, ticket: Ticket) -> None:
+        """The request's first token arrived (or it stopped waiting for one)."""
+        if not ticket.prefilling:
+            return
+        ticket.prefilling = False
+        if ticket.timer is not None:
+            ticket.timer.cancel()
+            ticket.timer = None
+        backend = ticket.backend
+        assert backend is not None
+        backend.prefilling -= 1
+        if ticket.long:
+            backend.long_prefilling -= 1
+        if self.waiting:
+            self._grant()
+
+    def end_attempt(self, ticket: Ticket) -> None:
+        """The request is done with its backend (finished, failed, or moving to another)."""
+        backend = ticket.backend
+        if backend is None:
+            return
+        if ticket.prefilling:
+            self.end_prefill(ticket)
+        ticket.backend = None
+        backend.in_flight -= 1
+        if self.waiting:
+            self._grant()
+
+    def retry_elsewhere(self, ticket: Ticket) -> None:
+        """The attempt failed before any byte: give its backend back and never try it again."""
+        backend = ticket.backend
+        if backend is not None:
+            ticket.tried |= {backend}
+            self.end_attempt(ticket)
+
+    def finish(self, ticket: Ticket) -> None:
+        """Give back everything the ticket holds."""
+        self.end_attempt(ticket)
+        if ticket.holds_lane:
+            ticket.holds_lane = False
+            ticket.lane.in_flight -= 1
+            if self.waiting:
+                self._grant()
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def acquire(self, ticket: Ticket) -> Backend:
+        """A backend for the ticket, waiting in the queue when no slot is free now."""
+        if not self.waiting:
+            backend = self.try_take(ticket)
+            if backend is not None:
+                return backend
+        self.refuse_hopeless(ticket, self.limits, self.lane_limit(ticket.lane))
+        return await self.wait(ticket)
+
+    def refuse_hopeless(self, ticket: Ticket, limits: PrefillLimits, lane_limit: int | None) -> None:
+        """Raise `Unavailable` when waiting cannot help: the pool takes no such prompt (through
+        this process), no backend is routable, or the lane's queue is full."""
+        lane = ticket.lane
+        if limits.refuses(ticket.long) or lane_limit == 0:
+            raise _refused(ticket, self.whole, limits, lane_limit)
+        if not routable_for(self._pool, ticket):
+            raise _no_backend(ticket, self._pool)
+        cfg = lane.config
+        if lane.waiting >= cfg.queue_limit:
+            raise Unavailable(
+                f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
+                code="queue_full",
+                retry_after=_retry_after(cfg.queue_timeout_s),
+            )
+
+    async def wait(self, ticket: Ticket) -> Backend:
+        """Queue the ticket until a slot is handed to it, or its lane's deadline."""
+        lane, cfg = ticket.lane, ticket.lane.config
+        waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
+        self._enqueue(waiter)
+        try:
+            self._grant()
+            async with asyncio.timeout(cfg.queue_timeout_s):
+                return await waiter.future
+        except TimeoutError:
+            raise Unavailable(
+                f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
+                code="queue_timeout",
+                retry_after=_retry_after(cfg.queue_timeout_s),
+            ) from None
+        finally:
+            # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
+            # whose future is done is skipped by `_grant` and dropped from its queue there.
+            waiter.future.cancel()
+            self._left(waiter)
+            # A slot granted to a waiter that then gave up stays on the ticket: the caller's
+            # `finish` gives it back.
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        priority = waiter.ticket.lane.config.priority
+        queue = self._queues.get(priority)
+        if queue is None:
+            queue = self._queues[priority] = deque()
+            bisect.insort(self._priorities, priority)
+        queue.append(waiter)
+        waiter.ticket.lane.waiting += 1
+        self.waiting += 1
+
+    def _left(self, waiter: _Waiter) -> None:
+        if waiter.counted:
+            waiter.counted = False
+            waiter.ticket.lane.waiting -= 1
+            self.waiting -= 1
+
+    def wake(self) -> None:
+        """Offer free slots to the waiters now — a limit rose, a backend joined the pool, or
+        another process freed a slot — rather than at this process's next release."""
+        if self.waiting:
+            self._grant()
+
+    def _grant(self) -> None:
+        """Hand free slots to waiters in order, skipping those blocked for a known reason."""
+        budget = _SCAN_LIMIT
+        full_lanes: set[int] = set()
+        short_blocked = long_blocked = False
+        for priority in self._priorities:
+            queue = self._queues[priority]
+            kept: deque[_Waiter] = deque()
+            while queue and budget:
+                waiter = queue.popleft()
+                if waiter.future.done():
+                    continue  # gave up; already counted out
+                budget -= 1
+                ticket = waiter.ticket
+                lane = ticket.lane
+                blocked = long_blocked if ticket.long else short_blocked
+                if blocked or id(lane) in full_lanes:
+                    kept.append(waiter)
+                    continue
+                if not ticket.holds_lane and not lane_has_room(lane.in_flight, self.lane_limit(lane)):
+                    full_lanes.add(id(lane))
+                    kept.append(waiter)
+                    continue
+                backend = self.try_take(ticket)
+                if backend is None:
+                    # No backend has room for this length (or none is routable for this ticket).
+                    if ticket.long:
+                        long_blocked = True
+                    elif not ticket.tried:
+                        short_blocked = long_blocked = True
+                    kept.append(waiter)
+                    continue
+                self._left(waiter)
+                waiter.future.set_result(backend)
+            kept.extend(queue)
+            self._queues[priority] = kept
+            if short_blocked or not budget:
+                return
+
+
+_DOWN: Final = Health.DOWN
+
+
+def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:
+    """The backends the ticket may be sent to now: the pool's routable ones it was not sent to,
+    or only its pinned backend."""
+    found = routable(pool.backends, ticket.tried)
+    pin = ticket.pin
+    return found if pin is None else [b for b in found if b is pin]
+
+
+def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
+    """What a request that no backend can take now is told: for one pinned to the backend that
+    holds its stored response, that backend's state, not the pool's."""
+    pin = ticket.pin
+    if pin is None:
+        return Unavailable(
+            f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
+        )
+    state = (
+        "unhealthy"
+        if pin.health is _DOWN
+        else "leaving the pool"
+        if pin not in pool.backends
+        else "unreachable"
+    )
+    return Unavailable(
+        f"{pin.label}, which holds this response, is {state}: it is the only backend that can "
+        "serve it; retry later, or start a new conversation",
+        code="response_backend_unavailable",
+        retry_after=_NO_BACKEND_RETRY_AFTER_S,
+    )
+
+
+def charge(ticket: Ticket, backend: Backend) -> None:
+    """Count the ticket against its lane (unless it holds its slot already) and `backend`."""
+    if not ticket.holds_lane:
+        ticket.holds_lane = True
+        ticket.lane.in_flight += 1
+    backend.in_flight += 1
+    backend.prefilling += 1
+    if ticket.long:
+        backend.long_prefilling += 1
+    ticket.backend = backend
+    ticket.prefilling = True
+
+
+def _refused(
+    ticket: Ticket, whole: PrefillLimits, part: PrefillLimits, lane_limit: int | None
+) -> Unavailable:
+    lane = ticket.lane
+    pool = lane.pool.name
+    if whole.refuses(ticket.long):
+        return Unavailable(
+            f"pool {pool!r} admits no prompts above {whole.long_prompt_tokens} tokens",
+            code="long_prompt_refused",
+        )
+    # This process's part of a limit is 0; another process may take the request.
+    if lane_limit == 0:
+        what, code = f"lane {lane.name!r}", "no_share"
+    elif part.max_prefilling == 0:
+        what, code = f"pool {pool!r}", "no_share"
+    else:
+        what, code = (
+            f"pool {pool!r} (for prompts above {part.long_prompt_tokens} tokens)",
+            "long_prompt_refused",
+        )
+    return Unavailable(
+        f"{what} admits no request through this router process: its part of the limit, split over "
+        f"{part.processes} processes, is 0",
+        code=code,
+        retry_after=1.0,
+    )
+
+
+def _retry_after(queue_timeout_s: float) -> float:
+    return max(1.0, min(queue_timeout_s, 10.0))

@@ -1,0 +1,80 @@
+"""Profiles for tests: a valid base to vary, with keys whose plaintext the tests know."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from router.keys.auth import hash_key
+
+KEYS = {
+    "user": "user-key-0123456789",
+    "tester": "tester-key-0123456789",
+    "ops": "ops-key-0123456789",
+    "scraper": "scraper-key-0123456789",
+    "chat-only": "chat-only-key-0123456789",
+    "nightly": "nightly-key-0123456789",
+}
+UPSTREAM_KEY = "pool-upstream-secret"
+MODEL = "fake-model"
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[name]}"}
+
+
+def profile(interactive: list[str], batch: list[str] | None = None, **top: Any) -> dict[str, Any]:
+    """Two pools (interactive, batch) serving MODEL; chat/agent/rag/slow on interactive."""
+    batch = batch if batch is not None else interactive
+    data: dict[str, Any] = {
+        "profile": "test",
+        "debug_headers": True,
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 2, "healthy_after": 1},
+        "pools": {
+            "interactive": {
+                "backends": interactive,
+                "model": MODEL,
+                "upstream_api_key": UPSTREAM_KEY,
+                "connect_timeout_s": 1.0,
+                "response_head_timeout_s": 5.0,
+                "head_read_timeout_s": 5.0,
+                "read_timeout_s": 5.0,
+                "vllm": {"max_model_len": 2048, "max_num_batched_tokens": 2048},
+            },
+        },
+        "lanes": {
+            "chat": {"pool": "interactive"},
+            "rag": {"pool": "interactive", "balance": "prefix_affinity"},
+            "long_context": {"pool": "batch"},
+            "agent": {"pool": "interactive"},
+            "batch": {"pool": "batch"},
+            "slow_stream": {"pool": "interactive"},
+        },
+        "classify": {
+            "long_context_tokens": 1000,
+            "batch_min_output_tokens": 256,
+            "repeated_prefix": {"min_tokens": 64, "seen": 2, "window_s": 60},
+        },
+        "keys": [
+            {"name": "user", "sha256": hash_key(KEYS["user"])},
+            {"name": "tester", "sha256": hash_key(KEYS["tester"]), "may_set_class": True},
+            {"name": "ops", "sha256": hash_key(KEYS["ops"]), "admin": True},
+            {"name": "scraper", "sha256": hash_key(KEYS["scraper"]), "metrics": True},
+            {
+                "name": "chat-only",
+                "sha256": hash_key(KEYS["chat-only"]),
+                "classes": ["chat"],
+                "models": [MODEL],
+            },
+            {"name": "nightly", "sha256": hash_key(KEYS["nightly"]), "pin_class": "batch"},
+        ],
+    }
+    if batch == interactive:
+        for lane in data["lanes"].values():
+            lane["pool"] = "interactive"
+    else:
+        pool = copy.deepcopy(data["pools"]["interactive"])
+        pool["backends"] = batch
+        data["pools"]["batch"] = pool
+    data.update(top)
+    return data
