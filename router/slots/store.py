@@ -30,7 +30,8 @@ re-homed away are dropped, since the holder's whole count went with it.
 
 A Redis that lost its data (restarted empty) must not grant the slots its holders still hold:
 the first re-homing there opens a new *epoch* (router/slots/scripts.py `REHOME`) that names the
-processes this one saw alive at its last heartbeat, and no slot is granted until each of them
+processes this one saw alive at its last heartbeat (with those an earlier such epoch still
+awaited), and no slot is granted until each of them
 has re-homed (each notices at its next heartbeat) or a lease has passed. A process that
 re-homes holdings into such a Redis without having been awaited says so (WARNING,
 `reason="late_rehome"`): slots may have been granted twice meanwhile.
@@ -443,7 +444,7 @@ class SlotStore:
 
     async def _beat_once(self) -> None:
         holder = self.holder
-        keys = [self._keys, self._holders]
+        keys = [self._keys, self._holders, self._epoch_key, self._expect_key]
         args = [holder, int(self.lease_s * 1000), self._hb_prefix, self.channel, self._lane_prefix]
         try:
             reply = await self._state.run("slot_beat", _script(self._beat, keys, args))
