@@ -356,7 +356,8 @@ class SlotStore:
         dropped this process's holder (it missed its heartbeats for a lease)."""
         before, self._epoch = self._epoch, epoch
         lost, self._lost_holding = self._lost_holding, False
-        holding = sum(c.delta for c in held if c.counter == "f")
+        # Each request holds one lane slot (and one backend's too, not counted again).
+        holding = sum(c.delta for c in held if c.counter == "f" and c.key.startswith(self._lane_prefix))
         if not holding or expected or (before in (None, epoch) and not lost):
             return
         self._inexact.labels("late_rehome").inc()

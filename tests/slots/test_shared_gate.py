@@ -243,3 +243,29 @@ async def test_a_holder_redis_forgot_re_homes_what_it_holds(pair: Pair, redis: R
         await client.aclose()
     for t in held:
         gate_of(a).finish(t)
+
+
+async def test_a_process_whose_holder_was_dropped_while_it_held_requests_says_how_many(
+    redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its heartbeat gone (a pause past the lease): its slots may have been granted again, and
+    the warning counts its requests (each holds a lane's slot and a backend's, counted once)."""
+    rt = build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics())
+    held = [ticket(rt), ticket(rt, long=True)]
+    client = redis.client()
+    try:
+        for t in held:
+            await gate_of(rt).acquire(t)
+        await client.delete(*[k async for k in client.scan_iter(match="lane-router:slots:hb:*")])
+
+        def late() -> float:
+            labels = {"reason": "late_rehome"}
+            return rt.metrics.registry.get_sample_value("lane_router_shared_slots_inexact_total", labels) or 0
+
+        await until(lambda: _true(late() == 1))
+        assert "re-homed 2 request(s) it holds into Redis after its holder was dropped" in caplog.text
+    finally:
+        for t in held:
+            gate_of(rt).finish(t)
+        await client.aclose()
+        await rt.aclose()
