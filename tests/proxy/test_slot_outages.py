@@ -170,8 +170,9 @@ async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_be
     assert holding.peak == LANE
 
 
+@pytest.mark.parametrize("emptied", ["restarted", "flushed"])
 async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_homed(
-    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+    emptied: str, tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
 ) -> None:
     holding, url = backend
     config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url))
@@ -185,8 +186,13 @@ async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_
 
         from_b = send(b, 2)  # waiting for A's slots, asking Redis again and again
         await in_router(b, 2)
-        await redis.stop()
-        await redis.start()  # empty
+        if emptied == "restarted":
+            await redis.stop()
+            await redis.start()
+        else:  # the same, unnoticed by open connections
+            client = redis.client()
+            await client.flushall()
+            await client.aclose()
         client = redis.client()
         # A re-homes its 4 at its next heartbeat; until then B was granted nothing.
         await until(lambda: _equal(lane_in_redis(client), LANE))
