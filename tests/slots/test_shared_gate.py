@@ -269,3 +269,46 @@ async def test_a_process_whose_holder_was_dropped_while_it_held_requests_says_ho
             gate_of(rt).finish(t)
         await client.aclose()
         await rt.aclose()
+
+
+async def test_a_process_killed_while_redis_was_away_delays_grants_for_a_lease_at_most(
+    redis: RedisServer,
+) -> None:
+    """Three processes; one dies while Redis is away, and Redis comes back empty. The new epoch
+    awaits the dead one too: no slot is granted before its lease has passed (it might have been
+    alive, holding), and then the lane is the survivors' again, never beyond its limit."""
+    rts = [build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics()) for _ in range(3)]
+    alive, other, dead = rts
+    store = gate_of(dead).store
+    client = redis.client()
+    try:
+        held = {rt: [ticket(rt), ticket(rt)] for rt in (alive, dead)}
+        for rt, tickets in held.items():
+            for t in tickets:
+                await gate_of(rt).acquire(t)
+        await until(lambda: _true(all(_sees_the_others(rt, rts) for rt in rts)))
+
+        await redis.stop()
+        for task in list(store._tasks):  # SIGKILLed: it never beats nor re-homes again
+            task.cancel()
+        await redis.start()  # empty
+        late = ticket(other)
+        await asyncio.wait_for(gate_of(other).acquire(late), 10)
+        now_s, now_us = await client.time()
+        settled = int(await client.hget("lane-router:slots:epoch", "until") or 0)
+        assert now_s * 1000 + now_us // 1000 >= settled  # granted once the lease had passed
+        assert int(await client.hget("lane-router:slots:lane:chat", "f") or 0) == 3  # alive's 2 + 1
+        gate_of(other).finish(late)
+        for t in held[alive]:
+            gate_of(alive).finish(t)
+    finally:
+        store.mode = store_module.Mode.LOCAL
+        await client.aclose()
+        for rt in rts:
+            await rt.aclose()
+
+
+def _sees_the_others(rt: Runtime, rts: list[Runtime]) -> bool:
+    """Whether `rt`'s last heartbeat found the other processes alive."""
+    store = gate_of(rt).store
+    return set(store._peers) == {gate_of(r).store.run for r in rts} - {store.run}
