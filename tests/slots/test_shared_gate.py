@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -63,7 +63,7 @@ def ticket(rt: Runtime, cls: RequestClass = CHAT, long: bool = False) -> Ticket:
     return Ticket(lane=rt.lanes[cls], long=long, affinity=None)
 
 
-def own(rts: Pair) -> dict[str, int]:
+def own(rts: Sequence[Runtime]) -> dict[str, int]:
     """What both processes hold, summed over them: the truth Redis must agree with."""
     backends = [b for rt in rts for b in rt.pools["interactive"].backends]
     return {
@@ -312,3 +312,40 @@ def _sees_the_others(rt: Runtime, rts: list[Runtime]) -> bool:
     """Whether `rt`'s last heartbeat found the other processes alive."""
     store = gate_of(rt).store
     return set(store._peers) == {gate_of(r).store.run for r in rts} - {store.run}
+
+
+async def test_a_take_redis_runs_after_the_process_gave_up_on_it_is_not_counted_twice(
+    redis: RedisServer,
+) -> None:
+    """Redis stalls with a take queued: the process gives up on it and counts locally, Redis then
+    charges it anyway; the re-homing drops it, so Redis holds what the process holds."""
+    # Heartbeats far apart: the take is what meets the stall.
+    rt = build_runtime(parse_profile(shaped(redis.url, timeout_s=0.3, heartbeat_s=5.0)), Metrics())
+    client = redis.client()
+    held = [ticket(rt)]
+    try:
+        await gate_of(rt).acquire(held[0])
+        stall = asyncio.ensure_future(_stall(redis, 1.5))
+        await until(lambda: _stalled(redis))
+        held.append(ticket(rt))
+        await asyncio.wait_for(gate_of(rt).acquire(held[1]), 10)  # gave up on Redis: counted locally
+        assert errors(rt, "slot_take", "timeout") == 1
+        await stall
+        await until(lambda: _equal(client, own([rt])), 10)
+    finally:
+        for t in held:
+            gate_of(rt).finish(t)
+        await client.aclose()
+        await rt.aclose()
+
+
+async def _stall(redis: RedisServer, seconds: float) -> None:
+    client = Redis.from_url(redis.url, socket_timeout=seconds + 30)
+    try:
+        await client.execute_command("DEBUG", "SLEEP", seconds)
+    finally:
+        await client.aclose()
+
+
+async def _stalled(redis: RedisServer) -> bool:
+    return not await redis.ping()
