@@ -349,3 +349,46 @@ async def _stall(redis: RedisServer, seconds: float) -> None:
 
 async def _stalled(redis: RedisServer) -> bool:
     return not await redis.ping()
+
+
+async def test_a_process_whose_subscription_was_cut_hears_takes_beyond_a_part_again(
+    redis: RedisServer,
+) -> None:
+    """Redis closes the subscribers' connections (an output buffer limit, a proxy, a blip): each
+    process subscribes again, and still learns at once what the other takes beyond its part."""
+    rts = [build_runtime(parse_profile(shaped(redis.url, heartbeat_s=30.0)), Metrics()) for _ in range(2)]
+    a, b = rts
+    client = redis.client()
+    over = "lane-router:slots:over"
+    held: list[Ticket] = []
+    try:
+        for rt in rts:
+            gate_of(rt).store.start()
+        await until(lambda: _subscribers(client, over, 2))
+        cut = await _subscriber_ids(client)
+        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+
+        async def again() -> bool:
+            ids = await _subscriber_ids(client)
+            return len(ids) == 2 and not ids & cut and await _subscribers(client, over, 2)
+
+        await until(again)
+        for _ in range(LANE - 1):  # a's part is 2: one beyond it
+            held.append(ticket(a))
+            await gate_of(a).acquire(held[-1])
+        await until(lambda: _true(gate_of(b).store.excess(b.lanes[CHAT]) >= 1))
+    finally:
+        for t in held:
+            gate_of(a).finish(t)
+        await client.aclose()
+        for rt in rts:
+            await rt.aclose()
+
+
+async def _subscribers(client: Redis, channel: str, n: int) -> bool:
+    found = dict(await client.pubsub_numsub(channel))
+    return int(found.get(channel.encode(), 0)) >= n
+
+
+async def _subscriber_ids(client: Redis) -> set[str]:
+    return {str(c["id"]) for c in await client.client_list(_type="pubsub")}
