@@ -39,7 +39,8 @@ REDIS_IMAGE = "redis:7.4-alpine"
 # Counters and marks all expire by themselves: no persistence. A memory cap that refuses writes
 # once reached, never one that evicts: evicting the keys closest to expiring would take the
 # heartbeats of processes holding admission slots first, and their slots would be granted again
-# (router/slots/store.py). Refused writes make the router fall back to its parts instead.
+# (router/slots/store.py). A full Redis refuses plain writes (slow-client marks, response ids)
+# instead, which the router tolerates; a refused script makes it fall back to its parts.
 REDIS_ARGS = (
     "--save", "",
     "--appendonly", "no",
