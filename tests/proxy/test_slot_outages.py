@@ -337,9 +337,10 @@ async def test_redis_restarted_empty_twice_still_awaits_the_replica_that_has_not
 ) -> None:
     """B holds the lane's 4 slots and is paused (SIGSTOP) while Redis restarts empty twice: A
     re-homes into the first Redis, which awaits B, and beats there (where only A is alive); the
-    second Redis must await B all the same, and grant A nothing before B has re-homed."""
+    second Redis must await B all the same (granting nothing before B has re-homed), and A's
+    request then waits for B's slots."""
     holding, url = backend
-    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=1.0))
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=2.0))
     async with router(config) as a, router(config) as b:
         await served_once(holding, a)
         from_b = send(b, LANE)
@@ -353,13 +354,13 @@ async def test_redis_restarted_empty_twice_still_awaits_the_replica_that_has_not
             for restart in range(2):
                 awaited = await restarted_empty(redis, a)
                 assert any(b_run in run for run in awaited), (restart, awaited)
-            from_a = send(a, 1)
-            await in_router(a, 1)
         finally:
             os.kill(b.proc.pid, signal.SIGCONT)
         client = redis.client()
         await until(lambda: _equal(lane_in_redis(client), LANE))  # B re-homed its 4
         await client.aclose()
+        from_a = send(a, 1)
+        await in_router(a, 1)
         assert holding.held == LANE
         await finish(holding, from_b, from_a)
     assert holding.peak == LANE
