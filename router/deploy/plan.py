@@ -36,13 +36,16 @@ CPU_ENTRYPOINT = ("python", "-m", "vllm.entrypoints.openai.api_server")
 # The shared state of the router replicas, when the profile keeps it in a Redis the deployment runs.
 REDIS_PORT = 6379
 REDIS_IMAGE = "redis:7.4-alpine"
-# Counters and marks all expire by themselves: no persistence, and a memory cap that evicts the
-# keys closest to expiring first.
+# Counters and marks all expire by themselves: no persistence. A memory cap that refuses writes
+# once reached, never one that evicts: evicting the keys closest to expiring would take the
+# heartbeats of processes holding admission slots first, and their slots would be granted again
+# (router/state/slots/store.py). A full Redis refuses plain writes (slow-client marks, response ids)
+# instead, which the router tolerates; a refused script makes it fall back to its parts.
 REDIS_ARGS = (
     "--save", "",
     "--appendonly", "no",
     "--maxmemory", "256mb",
-    "--maxmemory-policy", "volatile-ttl",
+    "--maxmemory-policy", "noeviction",
     # Reached only through the deployment's own network (compose network, NetworkPolicy).
     "--protected-mode", "no",
 )  # fmt: skip

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -168,8 +170,9 @@ async def test_a_replica_falling_back_to_its_part_counts_what_the_other_holds_be
     assert holding.peak == LANE
 
 
+@pytest.mark.parametrize("emptied", ["restarted", "flushed"])
 async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_homed(
-    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+    emptied: str, tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
 ) -> None:
     holding, url = backend
     config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url))
@@ -183,8 +186,13 @@ async def test_redis_restarted_empty_grants_nothing_before_every_replica_has_re_
 
         from_b = send(b, 2)  # waiting for A's slots, asking Redis again and again
         await in_router(b, 2)
-        await redis.stop()
-        await redis.start()  # empty
+        if emptied == "restarted":
+            await redis.stop()
+            await redis.start()
+        else:  # the same, unnoticed by open connections
+            client = redis.client()
+            await client.flushall()
+            await client.aclose()
         client = redis.client()
         # A re-homes its 4 at its next heartbeat; until then B was granted nothing.
         await until(lambda: _equal(lane_in_redis(client), LANE))
@@ -309,3 +317,69 @@ async def test_a_take_beyond_a_part_is_known_to_the_other_replica_before_any_hea
         holding.release(2)
         assert await asyncio.gather(*from_b) == [200] * 2
     assert holding.peak == LANE
+
+
+async def awaited_runs(client: Redis) -> set[str]:
+    """The runs a Redis that lost its data still waits for before granting a slot."""
+    with contextlib.suppress(RedisError, OSError):
+        return {m.decode() for m in await client.smembers("lane-router:slots:expect")}
+    return set()
+
+
+async def has_epoch(client: Redis) -> bool:
+    with contextlib.suppress(RedisError, OSError):
+        return bool(await client.exists("lane-router:slots:epoch"))
+    return False
+
+
+async def test_redis_restarted_empty_twice_still_awaits_the_replica_that_has_not_re_homed(
+    tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
+) -> None:
+    """B holds the lane's 4 slots and is paused (SIGSTOP) while Redis restarts empty twice: A
+    re-homes into the first Redis, which awaits B, and beats there (where only A is alive); the
+    second Redis must await B all the same (granting nothing before B has re-homed), and A's
+    request then waits for B's slots."""
+    holding, url = backend
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=2.0))
+    async with router(config) as a, router(config) as b:
+        await served_once(holding, a)
+        from_b = send(b, LANE)
+        await holding.wait_for(lambda: holding.held == LANE, WAIT_S)
+        client = redis.client()
+        await knows_of(client, a)  # A's last heartbeat saw B alive
+        await client.aclose()
+        b_run = f":{b.proc.pid}:"
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+            for restart in range(2):
+                awaited = await restarted_empty(redis, a)
+                assert any(b_run in run for run in awaited), (restart, awaited)
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        client = redis.client()
+        await until(lambda: _equal(lane_in_redis(client), LANE))  # B re-homed its 4
+        await client.aclose()
+        from_a = send(a, 1)
+        await in_router(a, 1)
+        assert holding.held == LANE
+        await finish(holding, from_b, from_a)
+    assert holding.peak == LANE
+
+
+async def restarted_empty(redis: RedisServer, a: Router) -> set[str]:
+    """Redis restarted empty; once A has re-homed into it and beaten there, the runs it awaits."""
+    await redis.stop()
+    await redis.start()
+    client = redis.client()
+    try:
+        await until(lambda: has_epoch(client))
+        awaited = await awaited_runs(client)
+        ttl = await heartbeat_ttl(client, a.proc.pid)
+        await until(lambda: _greater(heartbeat_ttl(client, a.proc.pid), ttl))
+        return awaited
+    finally:
+        await client.aclose()
+
+
+async def _greater(value: Awaitable[int], than: int) -> bool:
+    return await value > than

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -22,8 +22,9 @@ class RedisServer:
     """One redis-server process without persistence; `stop` and `start` again on the same port
     play an outage and a recovery."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, args: Sequence[str] = ()) -> None:
         self._binary = binary
+        self._args = list(args)  # after ours: a deployment's own arguments, say
         self._dir = workdir
         self.port = free_port()
         self._proc: asyncio.subprocess.Process | None = None
@@ -42,6 +43,7 @@ class RedisServer:
             "--dir", str(self._dir),
             "--loglevel", "warning",
             "--enable-debug-command", "local",  # DEBUG SLEEP: a stalled server
+            *self._args,
         ]  # fmt: skip
         self._proc = proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
@@ -72,8 +74,8 @@ class RedisServer:
 
 
 @contextlib.asynccontextmanager
-async def redis_server(workdir: Path) -> AsyncIterator[RedisServer]:
-    server = RedisServer(require_tool("redis-server"), workdir)
+async def redis_server(workdir: Path, args: Sequence[str] = ()) -> AsyncIterator[RedisServer]:
+    server = RedisServer(require_tool("redis-server"), workdir, args)
     try:
         await server.start()
         yield server

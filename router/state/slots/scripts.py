@@ -182,11 +182,12 @@ return out
 
 # The heartbeat: renew this holder's lease (only while it is known: a holder found gone must
 # re-home its holdings, router/state/slots/store.py), drop every holder whose lease ran out, and
-# forget slot hashes nobody holds anything on.
-# KEYS: [1] slots:keys, [2] slots:holders. ARGV: [1] holder, [2] lease ms, [3] heartbeat key
-# prefix, [4] channel, [5] the prefix of lane hashes. Returns {1 if the holder was known, else 0;
-# holders dropped; n, then the n holders alive; then each lane hash and its excess for this
-# holder}.
+# forget slot hashes nobody holds anything on. The runs a Redis that lost its data still awaits
+# count as alive: should it lose its data again, the next epoch awaits them too.
+# KEYS: [1] slots:keys, [2] slots:holders, [3] slots:epoch, [4] slots:expect. ARGV: [1] holder,
+# [2] lease ms, [3] heartbeat key prefix, [4] channel, [5] the prefix of lane hashes. Returns
+# {1 if the holder was known, else 0; holders dropped; n, then the n holders (or runs) alive;
+# then each lane hash and its excess for this holder}.
 BEAT = (
     _COMMON
     + """
@@ -209,6 +210,10 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
 end
 if freed then redis.call('PUBLISH', ARGV[4], '1') end
 local alive = redis.call('SMEMBERS', KEYS[2])
+local settled = KEYS[3] and tonumber(redis.call('HGET', KEYS[3], 'until'))
+if settled and now_ms() < settled then
+  for _, run in ipairs(redis.call('SMEMBERS', KEYS[4])) do alive[#alive + 1] = run end
+end
 local out = {known, dropped, #alive}
 for _, holder in ipairs(alive) do out[#out + 1] = holder end
 local prefix = ARGV[5] or ''

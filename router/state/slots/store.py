@@ -30,7 +30,8 @@ re-homed away are dropped, since the holder's whole count went with it.
 
 A Redis that lost its data (restarted empty) must not grant the slots its holders still hold:
 the first re-homing there opens a new *epoch* (router/state/slots/scripts.py `REHOME`) that names the
-processes this one saw alive at its last heartbeat, and no slot is granted until each of them
+processes this one saw alive at its last heartbeat (with those an earlier such epoch still
+awaited), and no slot is granted until each of them
 has re-homed (each notices at its next heartbeat) or a lease has passed. A process that
 re-homes holdings into such a Redis without having been awaited says so (WARNING,
 `reason="late_rehome"`): slots may have been granted twice meanwhile.
@@ -356,7 +357,8 @@ class SlotStore:
         dropped this process's holder (it missed its heartbeats for a lease)."""
         before, self._epoch = self._epoch, epoch
         lost, self._lost_holding = self._lost_holding, False
-        holding = sum(c.delta for c in held if c.counter == "f")
+        # Each request holds one lane slot (and one backend's too, not counted again).
+        holding = sum(c.delta for c in held if c.counter == "f" and c.key.startswith(self._lane_prefix))
         if not holding or expected or (before in (None, epoch) and not lost):
             return
         self._inexact.labels("late_rehome").inc()
@@ -444,7 +446,7 @@ class SlotStore:
 
     async def _beat_once(self) -> None:
         holder = self.holder
-        keys = [self._keys, self._holders]
+        keys = [self._keys, self._holders, self._epoch_key, self._expect_key]
         args = [holder, int(self.lease_s * 1000), self._hb_prefix, self.channel, self._lane_prefix]
         try:
             reply = await self._state.run("slot_beat", _script(self._beat, keys, args))

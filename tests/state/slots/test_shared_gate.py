@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -63,7 +63,7 @@ def ticket(rt: Runtime, cls: RequestClass = CHAT, long: bool = False) -> Ticket:
     return Ticket(lane=rt.lanes[cls], long=long, affinity=None)
 
 
-def own(rts: Pair) -> dict[str, int]:
+def own(rts: Sequence[Runtime]) -> dict[str, int]:
     """What both processes hold, summed over them: the truth Redis must agree with."""
     backends = [b for rt in rts for b in rt.pools["interactive"].backends]
     return {
@@ -243,3 +243,152 @@ async def test_a_holder_redis_forgot_re_homes_what_it_holds(pair: Pair, redis: R
         await client.aclose()
     for t in held:
         gate_of(a).finish(t)
+
+
+async def test_a_process_whose_holder_was_dropped_while_it_held_requests_says_how_many(
+    redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its heartbeat gone (a pause past the lease): its slots may have been granted again, and
+    the warning counts its requests (each holds a lane's slot and a backend's, counted once)."""
+    rt = build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics())
+    held = [ticket(rt), ticket(rt, long=True)]
+    client = redis.client()
+    try:
+        for t in held:
+            await gate_of(rt).acquire(t)
+        await client.delete(*[k async for k in client.scan_iter(match="lane-router:slots:hb:*")])
+
+        def late() -> float:
+            labels = {"reason": "late_rehome"}
+            return rt.metrics.registry.get_sample_value("lane_router_shared_slots_inexact_total", labels) or 0
+
+        await until(lambda: _true(late() == 1))
+        assert "re-homed 2 request(s) it holds into Redis after its holder was dropped" in caplog.text
+    finally:
+        for t in held:
+            gate_of(rt).finish(t)
+        await client.aclose()
+        await rt.aclose()
+
+
+async def test_a_process_killed_while_redis_was_away_delays_grants_for_a_lease_at_most(
+    redis: RedisServer,
+) -> None:
+    """Three processes; one dies while Redis is away, and Redis comes back empty. The new epoch
+    awaits the dead one too: no slot is granted before its lease has passed (it might have been
+    alive, holding), and then the lane is the survivors' again, never beyond its limit."""
+    rts = [build_runtime(parse_profile(shaped(redis.url, heartbeat_s=0.2)), Metrics()) for _ in range(3)]
+    alive, other, dead = rts
+    store = gate_of(dead).store
+    client = redis.client()
+    try:
+        held = {rt: [ticket(rt), ticket(rt)] for rt in (alive, dead)}
+        for rt, tickets in held.items():
+            for t in tickets:
+                await gate_of(rt).acquire(t)
+        await until(lambda: _true(all(_sees_the_others(rt, rts) for rt in rts)))
+
+        await redis.stop()
+        for task in list(store._tasks):  # SIGKILLed: it never beats nor re-homes again
+            task.cancel()
+        await redis.start()  # empty
+        late = ticket(other)
+        await asyncio.wait_for(gate_of(other).acquire(late), 10)
+        now_s, now_us = await client.time()
+        settled = int(await client.hget("lane-router:slots:epoch", "until") or 0)
+        assert now_s * 1000 + now_us // 1000 >= settled  # granted once the lease had passed
+        assert int(await client.hget("lane-router:slots:lane:chat", "f") or 0) == 3  # alive's 2 + 1
+        gate_of(other).finish(late)
+        for t in held[alive]:
+            gate_of(alive).finish(t)
+    finally:
+        store.mode = store_module.Mode.LOCAL
+        await client.aclose()
+        for rt in rts:
+            await rt.aclose()
+
+
+def _sees_the_others(rt: Runtime, rts: list[Runtime]) -> bool:
+    """Whether `rt`'s last heartbeat found the other processes alive."""
+    store = gate_of(rt).store
+    return set(store._peers) == {gate_of(r).store.run for r in rts} - {store.run}
+
+
+async def test_a_take_redis_runs_after_the_process_gave_up_on_it_is_not_counted_twice(
+    redis: RedisServer,
+) -> None:
+    """Redis stalls with a take queued: the process gives up on it and counts locally, Redis then
+    charges it anyway; the re-homing drops it, so Redis holds what the process holds."""
+    # Heartbeats far apart: the take is what meets the stall.
+    rt = build_runtime(parse_profile(shaped(redis.url, timeout_s=0.3, heartbeat_s=5.0)), Metrics())
+    client = redis.client()
+    held = [ticket(rt)]
+    try:
+        await gate_of(rt).acquire(held[0])
+        stall = asyncio.ensure_future(_stall(redis, 1.5))
+        await until(lambda: _stalled(redis))
+        held.append(ticket(rt))
+        await asyncio.wait_for(gate_of(rt).acquire(held[1]), 10)  # gave up on Redis: counted locally
+        assert errors(rt, "slot_take", "timeout") == 1
+        await stall
+        await until(lambda: _equal(client, own([rt])), 10)
+    finally:
+        for t in held:
+            gate_of(rt).finish(t)
+        await client.aclose()
+        await rt.aclose()
+
+
+async def _stall(redis: RedisServer, seconds: float) -> None:
+    client = Redis.from_url(redis.url, socket_timeout=seconds + 30)
+    try:
+        await client.execute_command("DEBUG", "SLEEP", seconds)
+    finally:
+        await client.aclose()
+
+
+async def _stalled(redis: RedisServer) -> bool:
+    return not await redis.ping()
+
+
+async def test_a_process_whose_subscription_was_cut_hears_takes_beyond_a_part_again(
+    redis: RedisServer,
+) -> None:
+    """Redis closes the subscribers' connections (an output buffer limit, a proxy, a blip): each
+    process subscribes again, and still learns at once what the other takes beyond its part."""
+    rts = [build_runtime(parse_profile(shaped(redis.url, heartbeat_s=30.0)), Metrics()) for _ in range(2)]
+    a, b = rts
+    client = redis.client()
+    over = "lane-router:slots:over"
+    held: list[Ticket] = []
+    try:
+        for rt in rts:
+            gate_of(rt).store.start()
+        await until(lambda: _subscribers(client, over, 2))
+        cut = await _subscriber_ids(client)
+        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+
+        async def again() -> bool:
+            ids = await _subscriber_ids(client)
+            return len(ids) == 2 and not ids & cut and await _subscribers(client, over, 2)
+
+        await until(again)
+        for _ in range(LANE - 1):  # a's part is 2: one beyond it
+            held.append(ticket(a))
+            await gate_of(a).acquire(held[-1])
+        await until(lambda: _true(gate_of(b).store.excess(b.lanes[CHAT]) >= 1))
+    finally:
+        for t in held:
+            gate_of(a).finish(t)
+        await client.aclose()
+        for rt in rts:
+            await rt.aclose()
+
+
+async def _subscribers(client: Redis, channel: str, n: int) -> bool:
+    found = dict(await client.pubsub_numsub(channel))
+    return int(found.get(channel.encode(), 0)) >= n
+
+
+async def _subscriber_ids(client: Redis) -> set[str]:
+    return {str(c["id"]) for c in await client.client_list(_type="pubsub")}
