@@ -75,6 +75,7 @@ class Exchange:
 
     def __init__(
         self,
+        *,
         lane: Lane,
         target: bytes,
         body: bytes,
