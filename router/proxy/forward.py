@@ -43,8 +43,8 @@ _SICK: Final = (UpstreamConnectError, UpstreamClosed)
 
 class Exchange:
     """The per-request state the relay and its caller share. A plain slotted class, not a
-    dataclass: one is built per request, so `__init__` takes what the caller knows (positional
-    is cheapest) and sets the relay's own state from constants."""
+    dataclass: one is built per request, so `__init__` takes what the caller knows (by keyword:
+    mypyc places keywords at compile time) and sets the relay's own state from constants."""
 
     __slots__ = (
         "accept",
