@@ -88,7 +88,13 @@ def parse_autoscaler(text: str) -> Autoscaler:
         # Zero servers leave the pool's lanes without a backend, and no server to measure a queue on.
         raise ValueError(f"{text!r}: need 1 ≤ MIN ≤ MAX")
     waiting = DEFAULT_WAITING if found["waiting"] is None else _positive(text, found["waiting"])
-    return Autoscaler(found["pool"], cast(AutoscalerKind, kind), low, high, waiting)
+    return Autoscaler(
+        pool=found["pool"],
+        kind=cast(AutoscalerKind, kind),
+        min_replicas=low,
+        max_replicas=high,
+        waiting=waiting,
+    )
 
 
 def _positive(text: str, value: str) -> float:

@@ -90,7 +90,15 @@ def _command(p: PoolPlan, index: int, url: str, bind: str, port: int, device: De
     entry = GPU_ENTRYPOINT if device == "gpu" else CPU_ENTRYPOINT
     argv = (*entry, *p.server_args(p.pool.model, device, bind, port))
     model_at = len(entry) + (0 if device == "gpu" else 1)
-    return ServeCommand(p.name, index, url, argv, model_at, p.model_env, p.key_env)
+    return ServeCommand(
+        pool=p.name,
+        index=index,
+        url=url,
+        argv=argv,
+        model_at=model_at,
+        model_env=p.model_env,
+        key_env=p.key_env,
+    )
 
 
 def _bind_address(host: str) -> str:

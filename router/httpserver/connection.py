@@ -20,7 +20,16 @@ from httptools import HttpRequestParser
 from router.httpserver.deadlines import INF
 from router.httpserver.dispatch import run_app
 from router.httpserver.exchange import Exchange
-from router.httpserver.reader import BODY, BODY_HELD, ENDING, HEAD, QUEUED, STOPPED, WAIT, RequestReader
+from router.httpserver.reader import (
+    BODY_HELD,
+    QUEUED,
+    READ_BODY,
+    READ_ENDING,
+    READ_HEAD,
+    READ_WAIT,
+    STOPPED,
+    RequestReader,
+)
 from router.httpserver.wire import client_error, send_queue
 
 if TYPE_CHECKING:
@@ -81,7 +90,7 @@ class Connection(RequestReader):
         ctx = self._ctx
         limit = ctx.config.max_connections
         if ctx.closing or (limit and len(ctx.connections) >= limit):
-            self._phase = ENDING
+            self._phase = READ_ENDING
             transport.close()
             return
         ctx.connections.add(self)
@@ -103,7 +112,7 @@ class Connection(RequestReader):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fd = -1  # closed: the number may soon name another socket
         self._ctx.forget(self)
-        self._phase = ENDING
+        self._phase = READ_ENDING
         self.disarm()
         for ex in (self._active, self._parsing, *self._queue):
             if ex is not None:
@@ -229,7 +238,7 @@ class Connection(RequestReader):
                 self._resume(QUEUED)
             return
         since = self._since = self.loop.time()
-        if self._phase != WAIT:
+        if self._phase != READ_WAIT:
             self.rearm()
             return
         self.arm_by(since + self._config.keepalive_timeout_s)  # the usual case of `deadline`
@@ -242,20 +251,20 @@ class Connection(RequestReader):
         self.closing = True
         if self._active is not None:
             return
-        if self._phase != ENDING:
+        if self._phase != READ_ENDING:
             self._close()
         elif self._paused & STOPPED:
             self.transport.abort()  # lingering after an answer: no reason to wait any longer
 
     def abort(self) -> None:
-        self._phase = ENDING
+        self._phase = READ_ENDING
         self.transport.abort()
 
     def _refuse(self, answer: bytes | None) -> None:
         """Answer without calling the app (`answer` None: just end) and close. Behind a response
         in progress the answer cannot be written: the connection ends after that response."""
         self._refusal = None
-        self._phase = ENDING
+        self._phase = READ_ENDING
         self._pause(STOPPED)
         active = self._active
         if active is not None:
@@ -277,8 +286,8 @@ class Connection(RequestReader):
         """Close after the last response. With nothing unread the close is clean; otherwise the
         server stops reading and lingers, since closing over unread input resets the connection
         and can destroy the answer before the client reads it."""
-        clean = self._phase == WAIT and not self._queue
-        self._phase = ENDING
+        clean = self._phase == READ_WAIT and not self._queue
+        self._phase = READ_ENDING
         for queued in self._queue:
             queued.gone()
         self._queue.clear()
@@ -297,22 +306,22 @@ class Connection(RequestReader):
     def deadline(self) -> float:
         phase = self._phase
         config = self._config
-        if phase == BODY:
+        if phase == READ_BODY:
             if self._paused:
                 return INF
             stall = self._last_read + config.body_timeout_s
             if self.in_trailer():  # a trailer is a head: complete in the head's time
                 stall = min(stall, self._bare_since + config.head_timeout_s)
             return min(stall, self._since + DRAIN_S) if self._draining else stall
-        if phase == ENDING or self._active is not None:
+        if phase == READ_ENDING or self._active is not None:
             return INF  # a response in progress is bounded by the app, not by the server
-        if phase == HEAD or not self._served:
+        if phase == READ_HEAD or not self._served:
             return self._since + config.head_timeout_s
         return self._since + config.keepalive_timeout_s
 
     def expired(self) -> None:
         phase = self._phase
-        if phase == BODY:
+        if phase == READ_BODY:
             if self._draining:
                 self._close()
             elif self.in_trailer():
@@ -321,7 +330,7 @@ class Connection(RequestReader):
                 )
             else:
                 self.abort()  # the body stalled: the app sees a disconnect
-        elif phase == HEAD:
+        elif phase == READ_HEAD:
             self._refuse(client_error(self.date, 408, "the request head came too slowly", "request_timeout"))
         else:
             self._close()

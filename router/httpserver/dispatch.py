@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final
 
-from router.httpserver.exchange import DONE, NEW
+from router.httpserver.exchange import RESPONSE_DONE, RESPONSE_NEW
 
 if TYPE_CHECKING:
     from router.httpserver.context import ServerContext
@@ -31,8 +31,8 @@ async def run_app(ctx: ServerContext, ex: Exchange) -> None:
         log.exception("unhandled error in the app on %s %s", ex.scope["method"], ex.scope["path"])
         ex.fail()
     else:
-        if ex.state != DONE and not ex.is_gone:
-            what = "starting" if ex.state == NEW else "ending"
+        if ex.state != RESPONSE_DONE and not ex.is_gone:
+            what = "starting" if ex.state == RESPONSE_NEW else "ending"
             log.error(
                 "the app returned without %s its response to %s %s",
                 what,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, NewType
 
 from router.app.asgi import BODY_WRITER, BodyWriter
 from router.httpserver.framing import CHUNKED, LENGTH, NO_BODY, chunk, plan_response
@@ -18,10 +18,12 @@ from router.httpserver.wire import CONTINUE, JOIN_LIMIT, LAST_CHUNK, internal_er
 
 Message = dict[str, Any]
 
-# Response states.
-NEW: Final = 0
-STARTED: Final = 1
-DONE: Final = 2
+# Response states: a type of their own, so mypy refuses another vocabulary's values here (a
+# NewType costs nothing compiled: it is its base type there).
+ResponseState = NewType("ResponseState", int)
+RESPONSE_NEW: Final = ResponseState(0)
+RESPONSE_STARTED: Final = ResponseState(1)
+RESPONSE_DONE: Final = ResponseState(2)
 
 
 class Exchange(BodyWriter):
@@ -56,7 +58,7 @@ class Exchange(BodyWriter):
         scope["extensions"] = {BODY_WRITER: self}
         self.scope = scope
         self.keep_alive = keep_alive
-        self.state = NEW
+        self.state = RESPONSE_NEW
         self.status = 0
         self.event_stream = False
         self.task: asyncio.Task[None] | None = None
@@ -79,7 +81,7 @@ class Exchange(BodyWriter):
     def feed(self, data: bytes, high_water: int) -> bool:
         """Keep body bytes for the app; True when they now exceed `high_water` for the first
         time (the connection then pauses reading until the app takes them)."""
-        if self.state == DONE:
+        if self.state == RESPONSE_DONE:
             return False  # answered already: the rest of the body is dropped
         self._chunks.append(data)
         self._buffered += len(data)
@@ -141,7 +143,7 @@ class Exchange(BodyWriter):
             if self._body_done and not self._body_sent:
                 self._body_sent = True
                 return {"type": "http.request", "body": b"", "more_body": False}
-            if self._gone or (self._body_sent and self.state == DONE):
+            if self._gone or (self._body_sent and self.state == RESPONSE_DONE):
                 return {"type": "http.disconnect"}
             await self._wait()
 
@@ -165,7 +167,7 @@ class Exchange(BodyWriter):
 
     def _send_continue(self) -> None:
         self._continue = False
-        if self.state == NEW and not self._gone:
+        if self.state == RESPONSE_NEW and not self._gone:
             self._conn.write(CONTINUE)
 
     # -- the response side --------------------------------------------------------------------
@@ -175,7 +177,7 @@ class Exchange(BodyWriter):
             return  # the client has gone: nothing more is written, and that is no error
         kind = message["type"]
         if kind == "http.response.body":
-            if self.state != STARTED:
+            if self.state != RESPONSE_STARTED:
                 raise RuntimeError("http.response.body sent " + _ORDER[self.state])
             more = message.get("more_body", False)
             self._write(message.get("body", b""), more)
@@ -190,7 +192,7 @@ class Exchange(BodyWriter):
 
     def write_body(self, body: bytes, last: bool) -> bool:
         """`BodyWriter` (router/app/asgi.py): a body part written at once, without awaiting."""
-        if self._gone or self.state != STARTED:
+        if self._gone or self.state != RESPONSE_STARTED:
             return False
         if self._framing == CHUNKED and not last and 0 < len(body) <= JOIN_LIMIT:
             # A stream's every read takes this way: its head went out at the start, so the
@@ -205,7 +207,7 @@ class Exchange(BodyWriter):
 
     def write_chunks(self, framed: bytes, body: bytes) -> bool:
         """`BodyWriter` (router/app/asgi.py): a paced stream's read as its backend framed it."""
-        if self._framing == CHUNKED and self.state == STARTED and not self._gone:
+        if self._framing == CHUNKED and self.state == RESPONSE_STARTED and not self._gone:
             self._conn.write(framed)
             return self._conn.write_paused
         return self.write_body(body, False)
@@ -265,7 +267,7 @@ class Exchange(BodyWriter):
 
     def _plan(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
         """The response has started: its head, and how its body goes out."""
-        if self.state != NEW:
+        if self.state != RESPONSE_NEW:
             raise RuntimeError("http.response.start sent twice")
         scope = self.scope
         conn = self._conn
@@ -281,7 +283,7 @@ class Exchange(BodyWriter):
             self.keep_alive and self._body_done and not self._chunks and not conn.closing,
             conn.date,
         )
-        self.state = STARTED
+        self.state = RESPONSE_STARTED
         self.status = status
         self._framing = framing
         self.keep_alive = keep_alive
@@ -331,7 +333,7 @@ class Exchange(BodyWriter):
             self.keep_alive = False  # a short body: closing the connection tells the client
 
     def _finish(self) -> None:
-        self.state = DONE
+        self.state = RESPONSE_DONE
         if self._waiter is not None:
             self._wake()
         self._conn.response_complete(self)
@@ -340,8 +342,8 @@ class Exchange(BodyWriter):
 
     def fail(self) -> None:
         """The app raised: a 500 if nothing was sent yet, else the connection is dropped."""
-        if self.state == NEW and not self._gone:
-            self.state = DONE
+        if self.state == RESPONSE_NEW and not self._gone:
+            self.state = RESPONSE_DONE
             self.status = 500
             self.keep_alive = False
             self._conn.write(internal_error(self._conn.date))
@@ -352,9 +354,9 @@ class Exchange(BodyWriter):
     def reject(self, answer: bytes) -> bool:
         """The request turned out malformed after the app was called: answer it here if its
         response has not started (the app then sees a disconnect). False if too late."""
-        if self.state != NEW or self._gone:
+        if self.state != RESPONSE_NEW or self._gone:
             return False
-        self.state = DONE
+        self.state = RESPONSE_DONE
         self.status = int(answer[9:12])
         self._conn.write(answer)
         self.gone()
@@ -362,14 +364,19 @@ class Exchange(BodyWriter):
 
     def drop(self) -> None:
         """Cut the response where it is: the client sees a body that never ended."""
-        if self.state != DONE:
-            self.state = DONE
+        if self.state != RESPONSE_DONE:
+            self.state = RESPONSE_DONE
             self._conn.abort()
 
     def cut(self, event: bytes) -> None:
         """End the response at shutdown: an event stream gets `event` and its terminator, so the
         client learns why it ended; any other unfinished response is dropped."""
-        if self.state == STARTED and self._framing == CHUNKED and self.event_stream and not self._gone:
+        if (
+            self.state == RESPONSE_STARTED
+            and self._framing == CHUNKED
+            and self.event_stream
+            and not self._gone
+        ):
             self.keep_alive = False
             self._write(event, False)
             self._finish()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NewType
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from router.httpserver.exchange import Exchange
     from router.httpserver.wire import DateHeader
 
-# What the read side expects next.
-WAIT: Final = 0  # the next request: nothing of it has arrived
-HEAD: Final = 1  # the rest of a request head
-BODY: Final = 2  # the rest of a request body
-ENDING: Final = 3  # nothing: the connection is closing
+# What the read side expects next: a type of its own, so mypy refuses another vocabulary's
+# values here (a NewType costs nothing compiled: it is its base type there).
+ReadPhase = NewType("ReadPhase", int)
+READ_WAIT: Final = ReadPhase(0)  # the next request: nothing of it has arrived
+READ_HEAD: Final = ReadPhase(1)  # the rest of a request head
+READ_BODY: Final = ReadPhase(2)  # the rest of a request body
+READ_ENDING: Final = ReadPhase(3)  # nothing: the connection is closing
 
 # Why reading is paused (bits).
 QUEUED: Final = 1  # a pipelined request waits behind the one in progress
@@ -94,7 +96,7 @@ class RequestReader(ClientLink):
         self.transport = None
         self.endpoints: tuple[tuple[str, int] | None, tuple[str, int] | None] = (None, None)
         self._parser = HttpRequestParser(self)
-        self._phase = WAIT
+        self._phase = READ_WAIT
         self._paused = 0
         self._last_read = 0.0
         self._head_bytes = 0
@@ -146,14 +148,14 @@ class RequestReader(ClientLink):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
-        if self._phase != ENDING:
+        if self._phase != READ_ENDING:
             self._feed(data)
             # A body still to come may have a deadline before the one armed.
-            if self._timer is None or self._phase == BODY:
+            if self._timer is None or self._phase == READ_BODY:
                 self.rearm()
 
     def _feed(self, data: bytes) -> None:
-        if self._phase == WAIT:
+        if self._phase == READ_WAIT:
             # A read that begins a request begins with its request line.
             self._line_version = line_version(data)
         view: bytes | memoryview = data
@@ -181,10 +183,10 @@ class RequestReader(ClientLink):
                 parser = self._parser
                 continue
             except HttpParserError as exc:
-                if self._phase != ENDING:
+                if self._phase != READ_ENDING:
                     self._refuse(self._refusal or self._bad_request(exc))
                 return
-            if self._phase == ENDING:
+            if self._phase == READ_ENDING:
                 return
             if self._counted and self._head_bytes >= limit:
                 self._refuse(self._too_large())
@@ -192,7 +194,7 @@ class RequestReader(ClientLink):
             view = view[len(piece) :]
 
     def _too_large(self) -> bytes:
-        if self._phase != BODY:
+        if self._phase != READ_BODY:
             what = "the request head is too large"
         elif self._bare():  # bytes after a size line that made no data: the trailer's
             what = "the request trailer is too large"
@@ -208,9 +210,9 @@ class RequestReader(ClientLink):
     def on_message_begin(self) -> None:
         if self._resuming:
             return
-        if self._phase == ENDING:
+        if self._phase == READ_ENDING:
             raise _Refused  # closing: what follows is not read
-        self._phase = HEAD
+        self._phase = READ_HEAD
         self._target = b""
         self._headers = []
         self._expect = False
@@ -221,7 +223,7 @@ class RequestReader(ClientLink):
         self._target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._phase != HEAD:
+        if self._phase != READ_HEAD:
             # A trailer field (or the framing `_upgraded` primes a parser with): dropped.
             if self._bare_since != INF:
                 self._trailer_begun = True
@@ -252,7 +254,7 @@ class RequestReader(ClientLink):
         headers = self._headers
         if self._coded:
             self._check_codings(version, headers)
-        self._phase = BODY
+        self._phase = READ_BODY
         self._head_bytes = 0
         # A chunked body begins with framing; any other is data from its first byte.
         self._counted = self._coded
@@ -300,7 +302,7 @@ class RequestReader(ClientLink):
         if self._parser.should_upgrade() and body_framing(ex.scope["headers"]):
             return  # the parser skipped this body: `_upgraded` has it read
         self._parsing = None
-        self._phase = WAIT
+        self._phase = READ_WAIT
         self._counted = True  # the next request's head
         ex.end_body()
         if self._draining:

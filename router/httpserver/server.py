@@ -56,7 +56,9 @@ class HttpServer:
         try:
             if self._tls is not None:
                 sockets = (sock if sock is not None else listening_socket(host, port, backlog),)
-                self._listener = TlsListener(self._tls, ctx, loop, factory, sockets)
+                self._listener = TlsListener(
+                    tls=self._tls, ctx=ctx, loop=loop, make_connection=factory, sockets=sockets
+                )
             elif sock is not None:
                 self._listener = await loop.create_server(factory, sock=sock, backlog=backlog)
             else:

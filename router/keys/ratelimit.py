@@ -184,7 +184,13 @@ def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Li
     rpm, tpm, _ = limits
     requests = None if rpm is None else max(0, math.floor(levels.requests))
     tokens = None if tpm is None else max(0, math.floor(levels.tokens))
-    return Verdict(allowed, reason, wait, requests, tokens)
+    return Verdict(
+        allowed=allowed,
+        reason=reason,
+        retry_after_s=wait,
+        remaining_requests=requests,
+        remaining_tokens=tokens,
+    )
 
 
 class RateStore(Protocol):

@@ -29,15 +29,24 @@ class Reason(StrEnum):
 REASON_TEXT: Final[Mapping[Reason, str]] = MappingProxyType({r: r.value for r in Reason})
 
 
-# Named tuples: immutable values that cost a request no more than a tuple each; the request path
-# builds them with the tuple constructor (`_new`), as a named tuple's own `__new__` is a Python
-# function.
-_new: Final = tuple.__new__
+class Classification:
+    """A request's class and why. A compiled class, built with keywords: one C call compiled (a
+    named tuple is built through Python's tuple constructor)."""
 
+    __slots__ = ("cls", "reason")
 
-class Classification(NamedTuple):
-    cls: RequestClass
-    reason: Reason
+    def __init__(self, cls: RequestClass, reason: Reason) -> None:
+        self.cls: Final = cls
+        self.reason: Final = reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Classification) and self.cls is other.cls and self.reason is other.reason
+
+    def __hash__(self) -> int:
+        return hash((self.cls, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Classification(cls={self.cls!r}, reason={self.reason!r})"
 
 
 class ClassifyRules(NamedTuple):
@@ -54,20 +63,33 @@ class ClassifyRules(NamedTuple):
     def of(cls, cfg: ClassifyConfig) -> ClassifyRules:
         rp = cfg.repeated_prefix
         return cls(
-            cfg.long_context_tokens, cfg.batch_min_output_tokens, rp.seen, rp.min_tokens, cfg.default_class
+            long_context_tokens=cfg.long_context_tokens,
+            batch_min_output_tokens=cfg.batch_min_output_tokens,
+            repeated_prefix_seen=rp.seen,
+            repeated_prefix_tokens=rp.min_tokens,
+            default_class=cfg.default_class,
         )
 
 
-class Signals(NamedTuple):
+class Signals:
     """What the caller observed beside the body."""
 
-    header_class: RequestClass | None = None
-    prefix_seen: int = 0
-    slow_client: bool = False
-    # All the output the request may make in the default class's lane: the bound the router
-    # writes there when the body states none (router.request.rewrite.written_output). None: only the
-    # stated bound is known.
-    output_tokens: int | None = None
+    __slots__ = ("header_class", "output_tokens", "prefix_seen", "slow_client")
+
+    def __init__(
+        self,
+        header_class: RequestClass | None = None,
+        prefix_seen: int = 0,
+        slow_client: bool = False,
+        output_tokens: int | None = None,
+    ) -> None:
+        self.header_class: Final = header_class
+        self.prefix_seen: Final = prefix_seen
+        self.slow_client: Final = slow_client
+        # All the output the request may make in the default class's lane: the bound the router
+        # writes there when the body states none (router.request.rewrite.written_output). None: only the
+        # stated bound is known.
+        self.output_tokens: Final = output_tokens
 
 
 def parse_class_header(value: bytes | None) -> RequestClass | None:
@@ -83,22 +105,22 @@ def parse_class_header(value: bytes | None) -> RequestClass | None:
 def classify(facts: RequestFacts, key: ApiKey, signals: Signals, rules: ClassifyRules) -> Classification:
     long_context, batch_min_output, prefix_seen, _, default_class = rules
     if signals.header_class is not None and key.may_set_class:
-        return _new(Classification, (signals.header_class, Reason.HEADER))
+        return Classification(cls=signals.header_class, reason=Reason.HEADER)
     if key.pin_class is not None:
-        return _new(Classification, (key.pin_class, Reason.PINNED))
+        return Classification(cls=key.pin_class, reason=Reason.PINNED)
     if facts.has_tools:
-        return _new(Classification, (RequestClass.AGENT, Reason.TOOLS))
+        return Classification(cls=RequestClass.AGENT, reason=Reason.TOOLS)
     if facts.prompt_tokens >= long_context:
-        return _new(Classification, (RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT))
+        return Classification(cls=RequestClass.LONG_CONTEXT, reason=Reason.LONG_PROMPT)
     if signals.prefix_seen >= prefix_seen:
-        return _new(Classification, (RequestClass.RAG, Reason.REPEATED_PREFIX))
+        return Classification(cls=RequestClass.RAG, reason=Reason.REPEATED_PREFIX)
     # A request that states no bound is judged by the one the router writes for it, so leaving
     # the bound out cannot keep a large generation out of the batch class.
     total = signals.output_tokens
     if total is None and facts.max_tokens is not None:
         total = facts.max_tokens * facts.sequences
     if not facts.stream and total is not None and total >= batch_min_output:
-        return _new(Classification, (RequestClass.BATCH, Reason.LARGE_GENERATION))
+        return Classification(cls=RequestClass.BATCH, reason=Reason.LARGE_GENERATION)
     if facts.stream and signals.slow_client:
-        return _new(Classification, (RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT))
-    return _new(Classification, (default_class, Reason.DEFAULT))
+        return Classification(cls=RequestClass.SLOW_STREAM, reason=Reason.SLOW_CLIENT)
+    return Classification(cls=default_class, reason=Reason.DEFAULT)

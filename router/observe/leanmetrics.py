@@ -230,13 +230,27 @@ def _histogram_samples(
 def counter(
     name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
 ) -> Family[CounterValue]:
-    return Family(name, documentation, labelnames, "counter", CounterValue, registry)
+    return Family(
+        name=name,
+        documentation=documentation,
+        labelnames=labelnames,
+        kind="counter",
+        make=CounterValue,
+        registry=registry,
+    )
 
 
 def gauge(
     name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
 ) -> Family[GaugeValue]:
-    return Family(name, documentation, labelnames, "gauge", GaugeValue, registry)
+    return Family(
+        name=name,
+        documentation=documentation,
+        labelnames=labelnames,
+        kind="gauge",
+        make=GaugeValue,
+        registry=registry,
+    )
 
 
 def histogram(
@@ -252,4 +266,11 @@ def histogram(
     if bounds[-1] != INF:
         bounds += (INF,)
     shared = Buckets(bounds, tuple(_le_label(b) for b in bounds))
-    return Family(name, documentation, labelnames, "histogram", lambda: HistogramValue(shared), registry)
+    return Family(
+        name=name,
+        documentation=documentation,
+        labelnames=labelnames,
+        kind="histogram",
+        make=lambda: HistogramValue(shared),
+        registry=registry,
+    )

@@ -39,7 +39,9 @@ class Observer:
         return self.tracer is not None or self.access is not None
 
     def start(self, request_id: bytes, route: str, client: ClientTrace, started: float) -> RequestRecord:
-        rec = RequestRecord(request_id, route, time.time(), started, client)
+        rec = RequestRecord(
+            request_id=request_id, route=route, wall=time.time(), started=started, client_trace=client
+        )
         if self.tracer is not None:
             rec.trace = self.tracer.begin(client)
         return rec

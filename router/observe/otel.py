@@ -87,7 +87,9 @@ def _remote(parent: TraceParent) -> SpanContext:
 
 
 def _ctx(trace_id: int, span_id: int, state: TraceState) -> SpanContext:
-    return SpanContext(trace_id, span_id, False, _SAMPLED, state)
+    return SpanContext(
+        trace_id=trace_id, span_id=span_id, is_remote=False, trace_flags=_SAMPLED, trace_state=state
+    )
 
 
 def _attributes(rec: RequestRecord) -> dict[str, AttributeValue]:
@@ -135,18 +137,32 @@ def _spans(rec: RequestRecord, ids: TraceIds, resource: Resource) -> list[Readab
     parent = _remote(rec.client_trace.parent) if rec.client_trace.parent is not None else None
     attrs = _attributes(rec)
     request = ReadableSpan(
-        f"POST {rec.route}", root, parent, resource, attrs, kind=SpanKind.SERVER,
-        status=_status(rec), start_time=ns(rec.started), end_time=ns(ended), instrumentation_scope=_SCOPE,
-    )  # fmt: skip
+        f"POST {rec.route}",
+        context=root,
+        parent=parent,
+        resource=resource,
+        attributes=attrs,
+        kind=SpanKind.SERVER,
+        status=_status(rec),
+        start_time=ns(rec.started),
+        end_time=ns(ended),
+        instrumentation_scope=_SCOPE,
+    )
     spans = [request]
 
     def child(name: str, start: float | None, end: float | None, under: SpanContext = root) -> None:
         if start is None:
             return
         span = ReadableSpan(
-            name, _ctx(trace_id, _random_id(64), state), under, resource, {}, start_time=ns(start),
-            end_time=ns(end if end is not None else ended), instrumentation_scope=_SCOPE,
-        )  # fmt: skip
+            name,
+            context=_ctx(trace_id, _random_id(64), state),
+            parent=under,
+            resource=resource,
+            attributes={},
+            start_time=ns(start),
+            end_time=ns(end if end is not None else ended),
+            instrumentation_scope=_SCOPE,
+        )
         spans.append(span)
 
     child("auth_classify", rec.started, rec.classified_at)
@@ -154,10 +170,17 @@ def _spans(rec: RequestRecord, ids: TraceIds, resource: Resource) -> list[Readab
     if rec.admitted_at is not None:
         upstream = _ctx(trace_id, int(ids.upstream_span_id, 16), state)
         call = ReadableSpan(
-            "upstream", upstream, root, resource, {k: attrs[k] for k in _UPSTREAM if k in attrs},
-            kind=SpanKind.CLIENT, status=_status(rec), start_time=ns(rec.admitted_at), end_time=ns(ended),
+            "upstream",
+            context=upstream,
+            parent=root,
+            resource=resource,
+            attributes={k: attrs[k] for k in _UPSTREAM if k in attrs},
+            kind=SpanKind.CLIENT,
+            status=_status(rec),
+            start_time=ns(rec.admitted_at),
+            end_time=ns(ended),
             instrumentation_scope=_SCOPE,
-        )  # fmt: skip
+        )
         spans.append(call)
         child("upstream.connect", rec.admitted_at, rec.connected_at, upstream)
         child("upstream.first_byte", rec.connected_at, rec.first_byte_at, upstream)

@@ -48,6 +48,7 @@ class Attempt:
 
     def __init__(
         self,
+        *,
         lane: Lane,
         target: bytes,
         body: bytes,

@@ -152,7 +152,9 @@ class Turn:
         served = ex.ticket.backend
         if ex.status != 200 or served is None:
             return
-        holder = Holder(self._key.name, served.pool, served.name, self._lane.cls, self._tokens)
+        holder = Holder(
+            key=self._key.name, pool=served.pool, backend=served.name, cls=self._lane.cls, tokens=self._tokens
+        )
         if self._responses.bind(response_id, holder, self._replaces(response_id)):
             self._bound = response_id, holder
 
@@ -223,7 +225,7 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
             "without shared state (state:) to check it against",
             code="request_id_unsupported",
         )
-    claim = Claim(value, Holder(key.name, lane.pool.name, "", lane.cls, 0))
+    claim = Claim(value, Holder(key=key.name, pool=lane.pool.name, backend="", cls=lane.cls, tokens=0))
     try:
         taken = not await ids.claim(value, claim.holder)
     except SharedStateDown:
@@ -268,7 +270,7 @@ async def relay_turn(
     """Relay a Responses request (router/proxy/relay.py) with its response id claimed, bound and
     told its usage; `tokens` is the turn's prompt and output bound."""
     claim = await claim_stated(runtime, key, facts, ex.lane)
-    turn = Turn(runtime, key, ex.lane, tokens, claim, ex)
+    turn = Turn(runtime=runtime, key=key, lane=ex.lane, tokens=tokens, claim=claim, ex=ex)
     ex.on_chunk = turn
     if ex.usage_tail is None:
         ex.usage_tail = UsageTail()

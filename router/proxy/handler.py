@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Coroutine
-from typing import Any, Final
+from typing import Any
 
 from router.app.asgi import Message, Receive, Send, body_writer
 from router.app.routes import ApiRoute
@@ -35,10 +35,6 @@ from router.request.fields import check_fields
 from router.request.multipart import Form
 from router.request.rewrite import OutputCaps, check_key_output, output_bound, upstream_body, written_output
 from router.state.runtime import Runtime
-
-# Named tuples built per request are made by the tuple constructor itself: a named tuple's own
-# `__new__` is a Python function.
-_new: Final = tuple.__new__
 
 
 def seen_slow(
@@ -143,7 +139,7 @@ async def _handle(
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
-        facts = facts._replace(prompt_tokens=facts.prompt_tokens + stored.holder.tokens)
+        facts = facts.with_prompt_tokens(facts.prompt_tokens + stored.holder.tokens)
     client = scope.get("client")
     address = str(client[0]) if client else None
     # Only streams are sent to slow_stream: nothing to look up for the others.
@@ -151,9 +147,8 @@ async def _handle(
     slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
     settings = lane.settings
-    bound = output_bound(
-        facts, _new(OutputCaps, (settings.max_output_tokens, fields.max_tokens, settings.max_model_len))
-    )
+    caps = OutputCaps(lane=settings.max_output_tokens, key=fields.max_tokens, context=settings.max_model_len)
+    bound = output_bound(facts, caps)
     priority = settings.priority if settings.by_priority and api.engine_fields else None
     extra = [(b"x-request-id", rid)]
     if runtime.debug_headers:
@@ -176,25 +171,24 @@ async def _handle(
     # A request neither traced nor bringing a trace context carries none upstream.
     untraced = rec.trace is None and rec.client_trace is NO_CLIENT_TRACE
     trace_headers = () if untraced else observer.upstream_headers(rec)
-    # Positional: the exchange's fields in their order (router/proxy/forward.py).
     ex = Attempt(
-        lane,
-        api.target,
-        upstream,
-        key.id_prefix + rid,  # upstream_request_id, without the call
-        headers.accept,
-        ticket,
-        rec.started,
-        extra,
-        rm.itl,
-        rec,
-        facts.stream,
-        facts.prompt_tokens,
-        (key.name, headers.client_id, address),
-        UsageTail() if observer.wants_usage else None,
-        body_writer(scope),
-        b"POST",
-        trace_headers,
+        lane=lane,
+        target=api.target,
+        body=upstream,
+        request_id=key.id_prefix + rid,  # upstream_request_id, without the call
+        accept=headers.accept,
+        ticket=ticket,
+        started=rec.started,
+        response_headers=extra,
+        gaps=rm.itl,
+        record=rec,
+        stream=facts.stream,
+        prompt_tokens=facts.prompt_tokens,
+        client=(key.name, headers.client_id, address),
+        usage_tail=UsageTail() if observer.wants_usage else None,
+        writer=body_writer(scope),
+        method=b"POST",
+        trace_headers=trace_headers,
     )
     if form is not None and headers.content_type is not None:
         ex.content_type = headers.content_type
@@ -231,9 +225,16 @@ def choose_lane(
         # Outside batch, a non-streamed request goes to the default class's lane: the bound the
         # router writes there decides whether it is a large generation.
         default = runtime.lanes[rules.default_class].settings
-        caps = _new(OutputCaps, (default.max_output_tokens, key.fields.max_tokens, default.max_model_len))
+        caps = OutputCaps(
+            lane=default.max_output_tokens, key=key.fields.max_tokens, context=default.max_model_len
+        )
         written = written_output(facts, caps)
-    signals = _new(Signals, (parse_class_header(header) if header else None, seen, slow, written))
+    signals = Signals(
+        header_class=parse_class_header(header) if header else None,
+        prefix_seen=seen,
+        slow_client=slow,
+        output_tokens=written,
+    )
     decision = classify(facts, key, signals, rules)
     lane = runtime.lanes[decision.cls]
     if stored is not None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NewType
 
-# The phases of a response, each with its own time limit.
-BEFORE_HEAD: Final = 0  # the request is written, no response byte yet
-IN_HEAD: Final = 1  # the head is arriving
-IN_BODY: Final = 2  # the body is arriving
+# The phases of a response, each with its own time limit: a type of their own, so mypy refuses
+# another vocabulary's values here (a NewType costs nothing compiled: it is its base type there).
+ResponsePhase = NewType("ResponsePhase", int)
+BEFORE_HEAD: Final = ResponsePhase(0)  # the request is written, no response byte yet
+IN_HEAD: Final = ResponsePhase(1)  # the head is arriving
+IN_BODY: Final = ResponsePhase(2)  # the body is arriving
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +36,7 @@ class ResponseLimits:
         if self.max_head_bytes < 1024 or self.max_headers < 1:
             raise ValueError("max_head_bytes must be ≥ 1024 and max_headers ≥ 1")
 
-    def deadline(self, phase: int, since: float) -> float:
+    def deadline(self, phase: ResponsePhase, since: float) -> float:
         """When `phase` times out; `since` is when it began (BEFORE_HEAD, IN_HEAD) or the latest
         body read (IN_BODY)."""
         if phase == IN_BODY:
@@ -43,7 +45,7 @@ class ResponseLimits:
             return since + self.head_read_timeout
         return since + self.head_timeout
 
-    def timed_out(self, phase: int) -> str:
+    def timed_out(self, phase: ResponsePhase) -> str:
         if phase == IN_BODY:
             return f"no response body data for {self.read_timeout:g}s"
         if phase == IN_HEAD:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from router.app.asgi import Receive, Send
 from router.errors import RouterError, Unavailable, UpstreamError
@@ -28,24 +28,25 @@ from router.proxy.respond import relay_response
 from router.proxy.upstream_response import UpstreamResponse
 from router.state.runtime import Runtime
 
-# Charges are built by the tuple constructor itself: a named tuple's own `__new__` is a Python
-# function.
-_new: Final = tuple.__new__
-
 # The status an access log gives a request whose client left before any response (as nginx does).
 CLIENT_CLOSED: Final = 499
 
 
-class Charge(NamedTuple):
+class Charge:
     """A request's charge on its key's rate limits, settled (or refunded) when it ends. `local`
     is the in-process store, called directly since its work never waits; a shared store is
-    awaited."""
+    awaited. A compiled class: one C call compiled."""
 
-    store: RateStore
-    local: MemoryRateStore | None
-    key: str
-    limits: Limits
-    tokens: int
+    __slots__ = ("key", "limits", "local", "store", "tokens")
+
+    def __init__(
+        self, *, store: RateStore, local: MemoryRateStore | None, key: str, limits: Limits, tokens: int
+    ) -> None:
+        self.store: Final = store
+        self.local: Final = local
+        self.key: Final = key
+        self.limits: Final = limits
+        self.tokens: Final = tokens
 
 
 def relay(
@@ -60,7 +61,7 @@ def relay(
     store = runtime.rates
     local = store if isinstance(store, MemoryRateStore) else None
     tokens = cost if limits.tpm is not None else 0
-    charge = _new(Charge, (store, local, key.name, limits, tokens))
+    charge = Charge(store=store, local=local, key=key.name, limits=limits, tokens=tokens)
     if local is None:
         return _shared(runtime, ex, rm, receive, send, charge)
     verdict = local.take(key.name, limits, tokens, time.monotonic())
@@ -135,10 +136,10 @@ async def _exchange(
             if charge is not None:
                 # The tokens the response reported using (None if unknown, or if nothing was served).
                 used = parse_usage(tail) if served else None
-                _, local, name, limits, tokens = charge
+                local = charge.local
                 if local is not None:
                     # The in-process store: settled here, without a coroutine.
-                    local.release(name, limits, tokens, used, now, served)
+                    local.release(charge.key, charge.limits, charge.tokens, used, now, served)
                 else:
                     settle = (charge, used, served, now)
     except BaseException as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from typing import Final, cast
+from typing import Final, NewType, cast
 
 from router.errors import UpstreamError
 from router.proxy.limits import IN_BODY, DeadlineTimer, ResponseLimits
@@ -22,11 +22,14 @@ from router.proxy.limits import IN_BODY, DeadlineTimer, ResponseLimits
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
 
-# Exchange states.
-IDLE: Final = 0  # no exchange: parked in the pool or freshly connected
-HEADERS: Final = 1  # request sent, waiting for the status line and headers
-BODY: Final = 2  # headers received, body still arriving
-DONE: Final = 3  # the whole response arrived (the consumer may still be draining the buffer)
+# Exchange states: a type of their own, so mypy refuses another vocabulary's values here (a
+# NewType costs nothing compiled: it is its base type there).
+UpstreamState = NewType("UpstreamState", int)
+UPSTREAM_IDLE: Final = UpstreamState(0)  # no exchange: parked in the pool or freshly connected
+UPSTREAM_HEADERS: Final = UpstreamState(1)  # request sent, waiting for the status line and headers
+UPSTREAM_BODY: Final = UpstreamState(2)  # headers received, body still arriving
+# The whole response arrived (the consumer may still be draining the buffer).
+UPSTREAM_DONE: Final = UpstreamState(3)
 
 
 class BodySink:
@@ -90,7 +93,7 @@ class UpstreamBody(asyncio.Protocol):
         self._limits = limits
         self._timer = timer
         self._transport: asyncio.Transport | None = None
-        self._state = IDLE
+        self._state = UPSTREAM_IDLE
         self._last_read = 0.0  # the latest body read
         self._waiter: asyncio.Future[None] | None = None
         self._sink: BodySink | None = None
@@ -109,13 +112,13 @@ class UpstreamBody(asyncio.Protocol):
         """Open and between exchanges: safe to send a new request on."""
         transport = self._transport
         # is_closing() covers the gap between abort() and connection_lost().
-        return self._state == IDLE and transport is not None and not transport.is_closing()
+        return self._state == UPSTREAM_IDLE and transport is not None and not transport.is_closing()
 
     @property
     def reusable(self) -> bool:
         """The exchange finished cleanly, its body was consumed and the server allows keep-alive."""
         return (
-            self._state == DONE
+            self._state == UPSTREAM_DONE
             and self._keep_alive
             and self._exc is None
             and not self._body
@@ -130,7 +133,7 @@ class UpstreamBody(asyncio.Protocol):
     @property
     def drained(self) -> bool:
         """The whole body arrived and the consumer has taken all of it."""
-        return self._state == DONE and not self._body and self._exc is None
+        return self._state == UPSTREAM_DONE and not self._body and self._exc is None
 
     def take(self) -> bytes | None:
         """Every body byte received so far, as one chunk; b"" at the end of the body; None if
@@ -150,7 +153,7 @@ class UpstreamBody(asyncio.Protocol):
             return chunk
         if self._exc is not None:
             raise self._exc
-        if self._state == DONE:
+        if self._state == UPSTREAM_DONE:
             return b""
         return None
 
@@ -162,18 +165,18 @@ class UpstreamBody(asyncio.Protocol):
 
     async def wait_headers(self) -> None:
         # Once the headers are in, a later failure is raised by the body iteration instead.
-        while self._state == HEADERS:
+        while self._state == UPSTREAM_HEADERS:
             await self._changed()
 
     async def wait_body(self) -> None:
         """Until a body byte arrived or the body ended; a failure before either is raised."""
-        while self._state == BODY and not self._body:
+        while self._state == UPSTREAM_BODY and not self._body:
             await self._changed()
 
     def attach(self, sink: BodySink) -> None:
         """Hand every body byte from now on to `sink`, starting with what is already here."""
         self._sink = sink
-        if self._body or self._state == DONE or self._exc is not None:
+        if self._body or self._state == UPSTREAM_DONE or self._exc is not None:
             self._deliver()
 
     def detach(self) -> None:
@@ -188,8 +191,8 @@ class UpstreamBody(asyncio.Protocol):
             self._resume()
 
     def park(self, now: float) -> None:
-        """Return to IDLE after a reusable exchange, so EOF/data while idle are noticed."""
-        self._state = IDLE
+        """Return to UPSTREAM_IDLE after a reusable exchange, so EOF/data while idle are noticed."""
+        self._state = UPSTREAM_IDLE
         self.idle_since = now
         if self._paused and self._transport is not None:
             self._paused = False
@@ -220,7 +223,7 @@ class UpstreamBody(asyncio.Protocol):
                 sink.relay(chunk, False)
             sink.failed(exc)
             return
-        last = self._state == DONE
+        last = self._state == UPSTREAM_DONE
         if last:
             self._sink = None
         if not sink.relay(chunk, last) and not last:
@@ -231,7 +234,7 @@ class UpstreamBody(asyncio.Protocol):
         state the exchange was in meanwhile: a body being received keeps them; any other
         (after a HEAD response, an unasked-for response) drops them, and the connection."""
         pieces = self._pieces
-        if self._state != BODY:
+        if self._state != UPSTREAM_BODY:
             if pieces:
                 self._keep_alive = False
                 pieces.clear()
@@ -261,7 +264,7 @@ class UpstreamBody(asyncio.Protocol):
         self._last_read = self._loop.time()
         if self._transport is not None and not self.closed:
             self._transport.resume_reading()
-        if self._state == BODY:
+        if self._state == UPSTREAM_BODY:
             self._timer.arm_by(self._limits.deadline(IN_BODY, self._last_read))
 
     async def _changed(self) -> None:
@@ -280,7 +283,7 @@ class UpstreamBody(asyncio.Protocol):
             waiter.set_result(None)
 
     def _fail(self, exc: UpstreamError) -> None:
-        if self._exc is None and self._state in (HEADERS, BODY):
+        if self._exc is None and self._state in (UPSTREAM_HEADERS, UPSTREAM_BODY):
             self._exc = exc
         self.abort()
         self._wake()
@@ -288,7 +291,7 @@ class UpstreamBody(asyncio.Protocol):
             self._deliver()
 
     def _complete(self, keep_alive: bool) -> None:
-        self._state = DONE
+        self._state = UPSTREAM_DONE
         self._keep_alive = keep_alive
         self._wake()
 

@@ -26,7 +26,14 @@ from router.errors import UpstreamClosed, UpstreamProtocolError, UpstreamTimeout
 from router.proxy.chunks import one_chunk, whole_chunks
 from router.proxy.http1 import body_is_delimited
 from router.proxy.limits import BEFORE_HEAD, IN_BODY, IN_HEAD, DeadlineTimer, ResponseLimits
-from router.proxy.upstream_body import BODY, HEADERS, HIGH_WATER, IDLE, LOW_WATER, UpstreamBody
+from router.proxy.upstream_body import (
+    HIGH_WATER,
+    LOW_WATER,
+    UPSTREAM_BODY,
+    UPSTREAM_HEADERS,
+    UPSTREAM_IDLE,
+    UpstreamBody,
+)
 
 __all__ = ["HIGH_WATER", "LOW_WATER", "UpstreamConnection"]
 
@@ -99,7 +106,7 @@ class UpstreamConnection(UpstreamBody):
 
     def send(self, head: bytes, body: bytes, *, head_request: bool) -> None:
         transport = self._transport
-        assert transport is not None and self._state == IDLE
+        assert transport is not None and self._state == UPSTREAM_IDLE
         if self._new_parser_needed:
             self._parser = HttpResponseParser(self)
             self._new_parser_needed = False
@@ -114,7 +121,7 @@ class UpstreamConnection(UpstreamBody):
         self.got_bytes = False
         self._chunked = self._at_chunk_start = False
         self._open_chunks = self._unfinished_chunks()
-        self._state = HEADERS
+        self._state = UPSTREAM_HEADERS
         self._head_since = now = self._loop.time()
         self._timer.arm_by(now + self._limits.head_timeout)  # BEFORE_HEAD's deadline
         if not body:
@@ -130,9 +137,9 @@ class UpstreamConnection(UpstreamBody):
     def _on_timer(self) -> None:
         # While paused the consumer is the slow side, not the backend: no timeout then.
         state = self._state
-        if self.closed or self._paused or (state != HEADERS and state != BODY):
+        if self.closed or self._paused or (state != UPSTREAM_HEADERS and state != UPSTREAM_BODY):
             return
-        if state == BODY:
+        if state == UPSTREAM_BODY:
             phase, since = IN_BODY, self._last_read
         else:
             phase, since = (IN_HEAD if self.got_bytes else BEFORE_HEAD), self._head_since
@@ -146,7 +153,7 @@ class UpstreamConnection(UpstreamBody):
 
     def data_received(self, data: bytes) -> None:
         state = self._state
-        if state == BODY:
+        if state == UPSTREAM_BODY:
             # A stream's every read comes here: the parser is fed inline (not through `_feed`).
             before = self._buffered
             rest = data
@@ -170,16 +177,16 @@ class UpstreamConnection(UpstreamBody):
                     self._parse_failed(exc)
                 self._at_chunk_start = self._chunked and self._parsed_to_chunk_start(rest)
                 pieces = self._pieces
-                if len(pieces) == 1 and self._state == BODY and pieces[0] and self._paced():
+                if len(pieces) == 1 and self._state == UPSTREAM_BODY and pieces[0] and self._paced():
                     self._relay(pieces.pop(), None)
                     return
             self._body_read(before, len(data))
-        elif state == HEADERS:
+        elif state == UPSTREAM_HEADERS:
             self._head_received(data)
         else:
             # Bytes nobody asked for: the connection's framing can no longer be trusted.
             self._keep_alive = False
-            if state == IDLE:
+            if state == UPSTREAM_IDLE:
                 self.abort()
 
     def _paced(self) -> bool:
@@ -208,7 +215,7 @@ class UpstreamConnection(UpstreamBody):
         """A read inside the body, but not a paced stream's: `before` was buffered before it."""
         if self._pieces:
             self._collect()
-        if self._buffered == before and self._state == BODY:
+        if self._buffered == before and self._state == UPSTREAM_BODY:
             self._framing_received(size)
             return
         self._framing_bytes = 0
@@ -233,18 +240,18 @@ class UpstreamConnection(UpstreamBody):
                 self._parse_failed(exc)
             if self._pieces:
                 self._collect()
-            if self._chunked and self._state == BODY:
+            if self._chunked and self._state == UPSTREAM_BODY:
                 self._at_chunk_start = self._parsed_to_chunk_start(data)
         else:
             view = memoryview(data)
             self._head_bytes = limits.max_head_bytes
             self._feed(view[:room])
-            if self._state == HEADERS:
+            if self._state == UPSTREAM_HEADERS:
                 msg = f"{self._label}: response head larger than {limits.max_head_bytes} bytes"
                 self._fail(UpstreamProtocolError(msg))
                 return
             self._feed(view[room:])  # the head ended in time; the rest is body
-        if first and self._state == HEADERS and self._exc is None:
+        if first and self._state == UPSTREAM_HEADERS and self._exc is None:
             # The head did not arrive whole with its first byte: the rest of it is timed now. A
             # head that did (nearly every one) leaves the timer alone: no re-arm per exchange.
             self._timer.arm_by(limits.deadline(IN_HEAD, self._head_since))
@@ -285,7 +292,7 @@ class UpstreamConnection(UpstreamBody):
             self._fail(UpstreamProtocolError(f"{self._label}: malformed response: {exc}"))
 
     def eof_received(self) -> bool:
-        if self._state == BODY and not self._head_request and not body_is_delimited(self.headers):
+        if self._state == UPSTREAM_BODY and not self._head_request and not body_is_delimited(self.headers):
             self._complete(keep_alive=False)
             if self._sink is not None:
                 self._deliver()
@@ -295,10 +302,10 @@ class UpstreamConnection(UpstreamBody):
         self.closed = True
         self._timer.cancel()
         state = self._state
-        if self._exc is None and state in (HEADERS, BODY):
+        if self._exc is None and state in (UPSTREAM_HEADERS, UPSTREAM_BODY):
             # The request went out: the backend may be running it, so this is no connect error
             # (those are retried) whether or not a response byte came back.
-            if state == BODY:
+            if state == UPSTREAM_BODY:
                 what = "mid-response"
             elif self.got_bytes:
                 what = "in the middle of the response head"
@@ -313,7 +320,7 @@ class UpstreamConnection(UpstreamBody):
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._state != HEADERS:  # trailers, which are dropped
+        if self._state != UPSTREAM_HEADERS:  # trailers, which are dropped
             return
         headers = self.headers
         headers.append((name, value))
@@ -331,7 +338,7 @@ class UpstreamConnection(UpstreamBody):
     def on_headers_complete(self) -> None:
         if self._pieces:  # the body of a response before this one, in the same read
             self._collect()
-        if self._state != HEADERS:  # a second response nobody asked for
+        if self._state != UPSTREAM_HEADERS:  # a second response nobody asked for
             self._keep_alive = False
             return
         status: int = self._parser.get_status_code()
@@ -341,7 +348,7 @@ class UpstreamConnection(UpstreamBody):
             self.headers = []
             return
         self.status = status
-        self._state = BODY
+        self._state = UPSTREAM_BODY
         if self._head_request:
             # The parser cannot be told the response has no body; finish here and start the
             # next exchange with a fresh parser.
@@ -358,7 +365,7 @@ class UpstreamConnection(UpstreamBody):
         if self._interim:
             self._interim = False
             return
-        if self._state == BODY:
+        if self._state == UPSTREAM_BODY:
             self._complete(self._parser.should_keep_alive())
 
 

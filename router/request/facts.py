@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import orjson
 
@@ -56,25 +56,71 @@ _API_PROMPTS: Final[dict[Endpoint, Callable[[dict[str, Any], PromptCounter], Pro
 }
 
 
-# A named tuple, not a frozen dataclass: as immutable, and built once per request for the
-# price of a tuple (a frozen dataclass sets each field through object.__setattr__), by the tuple
-# constructor itself (`_new`: a named tuple's own `__new__` is a Python function).
-_new: Final = tuple.__new__
+class RequestFacts:
+    """What one request's body says, read once. A compiled class built with keywords, its fields
+    final: one C call compiled, where a named tuple goes through Python's tuple constructor and a
+    frozen dataclass through its generic one (docs/compiled.md)."""
 
+    __slots__ = (
+        "body",
+        "endpoint",
+        "has_tools",
+        "include_usage",
+        "max_tokens",
+        "model",
+        "prefix_chain",
+        "prompt_tokens",
+        "roles",
+        "sequences",
+        "stream",
+        "user",
+    )
 
-class RequestFacts(NamedTuple):
-    endpoint: Endpoint
-    model: str
-    stream: bool
-    max_tokens: int | None  # per output sequence, as the client stated it
-    sequences: int  # outputs the request makes: n (or best_of) × prompts
-    has_tools: bool
-    roles: tuple[str, ...]
-    prompt_tokens: int
-    prefix_chain: tuple[bytes, ...]
-    user: str | None
-    include_usage: bool
-    body: dict[str, Any]
+    def __init__(
+        self,
+        *,
+        endpoint: Endpoint,
+        model: str,
+        stream: bool,
+        max_tokens: int | None,
+        sequences: int,
+        has_tools: bool,
+        roles: tuple[str, ...],
+        prompt_tokens: int,
+        prefix_chain: tuple[bytes, ...],
+        user: str | None,
+        include_usage: bool,
+        body: dict[str, Any],
+    ) -> None:
+        self.endpoint: Final = endpoint
+        self.model: Final = model
+        self.stream: Final = stream
+        self.max_tokens: Final = max_tokens  # per output sequence, as the client stated it
+        self.sequences: Final = sequences  # outputs the request makes: n (or best_of) × prompts
+        self.has_tools: Final = has_tools
+        self.roles: Final = roles
+        self.prompt_tokens: Final = prompt_tokens
+        self.prefix_chain: Final = prefix_chain
+        self.user: Final = user
+        self.include_usage: Final = include_usage
+        self.body: Final = body
+
+    def with_prompt_tokens(self, prompt_tokens: int) -> RequestFacts:
+        """The same facts with another prompt length (a stored conversation's turns added)."""
+        return RequestFacts(
+            endpoint=self.endpoint,
+            model=self.model,
+            stream=self.stream,
+            max_tokens=self.max_tokens,
+            sequences=self.sequences,
+            has_tools=self.has_tools,
+            roles=self.roles,
+            prompt_tokens=prompt_tokens,
+            prefix_chain=self.prefix_chain,
+            user=self.user,
+            include_usage=self.include_usage,
+            body=self.body,
+        )
 
     @property
     def output_tokens(self) -> int | None:
@@ -124,22 +170,19 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     if endpoint in ("chat", "completions") and ("n" in data or "best_of" in data):
         sequences *= _samples(data, endpoint)
     # Optional fields the body leaves out (the common case) are not looked at further.
-    return _new(
-        RequestFacts,
-        (
-            endpoint,
-            model,
-            stream,
-            _max_tokens(data, endpoint),
-            sequences,
-            bool(tools) or tool_messages,
-            roles,
-            prompt_tokens,
-            prefix_chain(text),
-            _opt_str(data, "user") if "user" in data else None,
-            _include_usage(data) if "stream_options" in data else False,
-            data,
-        ),
+    return RequestFacts(
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        max_tokens=_max_tokens(data, endpoint),
+        sequences=sequences,
+        has_tools=bool(tools) or tool_messages,
+        roles=roles,
+        prompt_tokens=prompt_tokens,
+        prefix_chain=prefix_chain(text),
+        user=_opt_str(data, "user") if "user" in data else None,
+        include_usage=_include_usage(data) if "stream_options" in data else False,
+        body=data,
     )
 
 

@@ -15,7 +15,7 @@ written into it. Pure.
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final
 
 import orjson
 
@@ -27,10 +27,15 @@ from router.request.facts import RequestFacts
 COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
 
 
-class OutputCaps(NamedTuple):
-    lane: int | None  # the lane's max_output_tokens: all sequences of a request together
-    key: int | None  # the key's `max_tokens` bound: per sequence
-    context: int  # the pool's max_model_len
+class OutputCaps:
+    """The bounds a request's output is held to. A compiled class: one C call compiled."""
+
+    __slots__ = ("context", "key", "lane")
+
+    def __init__(self, lane: int | None, key: int | None, context: int) -> None:
+        self.lane: Final = lane  # the lane's max_output_tokens: all sequences of a request together
+        self.key: Final = key  # the key's `max_tokens` bound: per sequence
+        self.context: Final = context  # the pool's max_model_len
 
 
 def output_bound(facts: RequestFacts, caps: OutputCaps) -> int | None:

@@ -177,7 +177,19 @@ class SimulatorCounter(PromptCounter):
     exact_for_simulator = True
 
     def __init__(self) -> None:
-        super().__init__(_SimulatorText(), PromptCosts(0, 0, 0, 0, 0, 0, 6000, 600))
+        super().__init__(
+            _SimulatorText(),
+            PromptCosts(
+                per_request=0,
+                per_message=0,
+                tools=0,
+                image=0,
+                audio=0,
+                video=0,
+                audio_min_bitrate=6000,
+                audio_max_duration_s=600,
+            ),
+        )
 
     def message(self, role: str, text: str, other: str, media: Media) -> int:
         return estimate_text_tokens(text)

@@ -85,7 +85,13 @@ class Holder:
     def decode(cls, raw: bytes) -> Holder | None:
         try:
             key, pool, backend, klass, tokens = orjson.loads(raw)
-            return cls(str(key), str(pool), str(backend), RequestClass(klass), int(tokens))
+            return cls(
+                key=str(key),
+                pool=str(pool),
+                backend=str(backend),
+                cls=RequestClass(klass),
+                tokens=int(tokens),
+            )
         except (orjson.JSONDecodeError, ValueError, TypeError):
             return None
 

@@ -18,20 +18,28 @@ CFG = ClassifyConfig(
     repeated_prefix=RepeatedPrefix(min_tokens=512, seen=2, window_s=600),
 )
 
-PLAIN = RequestFacts(
-    endpoint="chat",
-    model="m",
-    stream=True,
-    max_tokens=128,
-    sequences=1,
-    has_tools=False,
-    roles=("user",),
-    prompt_tokens=200,
-    prefix_chain=(),
-    user=None,
-    include_usage=False,
-    body={},
-)
+PLAIN_FIELDS: dict[str, Any] = {
+    "endpoint": "chat",
+    "model": "m",
+    "stream": True,
+    "max_tokens": 128,
+    "sequences": 1,
+    "has_tools": False,
+    "roles": ("user",),
+    "prompt_tokens": 200,
+    "prefix_chain": (),
+    "user": None,
+    "include_usage": False,
+    "body": {},
+}
+
+
+def plain(**changes: Any) -> RequestFacts:
+    """The plain request's facts with `changes`."""
+    return RequestFacts(**{**PLAIN_FIELDS, **changes})
+
+
+PLAIN = plain()
 
 
 def key(**fields: Any) -> ApiKey:
@@ -67,12 +75,12 @@ def test_pinned_class() -> None:
 
 
 def test_tools_make_an_agent() -> None:
-    assert run(PLAIN._replace(has_tools=True)) == Classification(RequestClass.AGENT, Reason.TOOLS)
+    assert run(plain(has_tools=True)) == Classification(RequestClass.AGENT, Reason.TOOLS)
 
 
 def test_long_prompt_makes_long_context_from_the_threshold_on() -> None:
-    at = run(PLAIN._replace(prompt_tokens=6000))
-    below = run(PLAIN._replace(prompt_tokens=5999))
+    at = run(plain(prompt_tokens=6000))
+    below = run(plain(prompt_tokens=5999))
 
     assert at == Classification(RequestClass.LONG_CONTEXT, Reason.LONG_PROMPT)
     assert below.reason is Reason.DEFAULT
@@ -85,37 +93,42 @@ def test_repeated_prefix_makes_rag_from_seen_on() -> None:
 
 
 def test_large_non_streamed_generation_makes_batch() -> None:
-    at = run(PLAIN._replace(stream=False, max_tokens=256))
+    at = run(plain(stream=False, max_tokens=256))
 
     assert at == Classification(RequestClass.BATCH, Reason.LARGE_GENERATION)
-    assert run(PLAIN._replace(stream=False, max_tokens=255)).reason is Reason.DEFAULT
-    assert run(PLAIN._replace(stream=False, max_tokens=None)).reason is Reason.DEFAULT
+    assert run(plain(stream=False, max_tokens=255)).reason is Reason.DEFAULT
+    assert run(plain(stream=False, max_tokens=None)).reason is Reason.DEFAULT
 
 
 def test_an_unstated_bound_is_judged_by_the_written_one_with_its_sequences() -> None:
-    unstated = PLAIN._replace(stream=False, max_tokens=None, sequences=8)
+    unstated = plain(stream=False, max_tokens=None, sequences=8)
 
     assert run(unstated, output_tokens=8 * 2048) == Classification(
         RequestClass.BATCH, Reason.LARGE_GENERATION
     )
     assert run(unstated, output_tokens=255).reason is Reason.DEFAULT
-    assert run(unstated._replace(stream=True), output_tokens=8 * 2048).reason is Reason.DEFAULT
+    streamed = plain(stream=True, max_tokens=None, sequences=8)
+    assert run(streamed, output_tokens=8 * 2048).reason is Reason.DEFAULT
 
 
 def test_large_streamed_generation_is_not_batch() -> None:
-    assert run(PLAIN._replace(stream=True, max_tokens=4096)).cls is RequestClass.CHAT
+    assert run(plain(stream=True, max_tokens=4096)).cls is RequestClass.CHAT
 
 
 def test_slow_client_only_for_streams() -> None:
     assert run(slow_client=True) == Classification(RequestClass.SLOW_STREAM, Reason.SLOW_CLIENT)
-    assert run(PLAIN._replace(stream=False), slow_client=True) == Classification(
-        RequestClass.CHAT, Reason.DEFAULT
-    )
+    assert run(plain(stream=False), slow_client=True) == Classification(RequestClass.CHAT, Reason.DEFAULT)
 
 
 # --- first match wins ---------------------------------------------------------------------------
 
-EVERYTHING = PLAIN._replace(has_tools=True, prompt_tokens=9000, stream=False, max_tokens=4096)
+EVERYTHING_FIELDS: dict[str, Any] = {
+    "has_tools": True,
+    "prompt_tokens": 9000,
+    "stream": False,
+    "max_tokens": 4096,
+}
+EVERYTHING = plain(**EVERYTHING_FIELDS)
 
 
 def test_header_beats_a_pinned_key() -> None:
@@ -137,13 +150,13 @@ def test_tools_beat_long_prompt() -> None:
 
 
 def test_long_prompt_beats_repeated_prefix() -> None:
-    facts = EVERYTHING._replace(has_tools=False)
+    facts = plain(**{**EVERYTHING_FIELDS, "has_tools": False})
 
     assert run(facts, prefix_seen=9).reason is Reason.LONG_PROMPT
 
 
 def test_repeated_prefix_beats_large_non_streamed_generation() -> None:
-    facts = EVERYTHING._replace(has_tools=False, prompt_tokens=1000)
+    facts = plain(**{**EVERYTHING_FIELDS, "has_tools": False, "prompt_tokens": 1000})
 
     assert run(facts, prefix_seen=9).reason is Reason.REPEATED_PREFIX
     assert run(facts, prefix_seen=0).reason is Reason.LARGE_GENERATION
@@ -154,7 +167,7 @@ def test_repeated_prefix_beats_slow_client() -> None:
 
 
 def test_slow_client_beats_default_but_not_large_generation_signals_of_a_stream() -> None:
-    streamed_large = PLAIN._replace(stream=True, max_tokens=4096)
+    streamed_large = plain(stream=True, max_tokens=4096)
 
     assert run(streamed_large, slow_client=True).reason is Reason.SLOW_CLIENT
 

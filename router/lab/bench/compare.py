@@ -110,7 +110,14 @@ def make_point(
     for name in workload.class_names():
         values = [o.ttft for o in outcomes if o.cls == name and o.ok and o.ttft is not None]
         ttft[name] = thin(values)
-    return Point(profile, rate, stats, ttft, len(outcomes), pools or {})
+    return Point(
+        profile=profile,
+        rate=rate,
+        stats=stats,
+        ttft_quantiles=ttft,
+        requests=len(outcomes),
+        pools=pools or {},
+    )
 
 
 def run_point(spec: CompareSpec, profile_path: Path, rate: float, progress: bool = False) -> Point:

@@ -152,7 +152,7 @@ class Generator:
         items.sort(
             key=lambda i: (i.arrival, i.steps[0].request_id if isinstance(i, SessionPlan) else i.request_id)
         )
-        return Trace(self.spec, rate, duration, self.model, tuple(items))
+        return Trace(workload=self.spec, rate=rate, duration=duration, model=self.model, items=tuple(items))
 
     # ---- per class ---------------------------------------------------------------------------
     def _class_items(self, cls: str, spec: ClassSpec, rate: float, duration: float) -> Iterator[Item]:

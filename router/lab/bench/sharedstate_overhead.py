@@ -47,8 +47,11 @@ VARIANTS = {
     "counts in Redis": (False, True),
     "counts + limits in Redis": (True, True),
 }
-SCENARIOS = (Scenario("non-stream c=1", False, 1, 2000, 16), Scenario("non-stream c=16", False, 16, 4000, 16))
-HANDOFF = Scenario("hand-off, 1 slot, 8 clients", True, 8, 400, 1)
+SCENARIOS = (
+    Scenario(name="non-stream c=1", stream=False, concurrency=1, requests=2000, max_tokens=16),
+    Scenario(name="non-stream c=16", stream=False, concurrency=16, requests=4000, max_tokens=16),
+)
+HANDOFF = Scenario(name="hand-off, 1 slot, 8 clients", stream=True, concurrency=8, requests=400, max_tokens=1)
 
 
 def profile(
@@ -140,7 +143,13 @@ async def _measure(
 
 
 async def _handoffs(key: str, routers: Routers, count: int, rounds: int) -> dict[str, Totals]:
-    half = Scenario(HANDOFF.name, True, HANDOFF.concurrency // 2, count // 2, HANDOFF.max_tokens)
+    half = Scenario(
+        name=HANDOFF.name,
+        stream=True,
+        concurrency=HANDOFF.concurrency // 2,
+        requests=count // 2,
+        max_tokens=HANDOFF.max_tokens,
+    )
     out = {"local": Totals(), "shared": Totals()}
     for r in range(rounds):
         print(f"  {HANDOFF.name}: round {r + 1}/{rounds} …", file=sys.stderr, flush=True)
@@ -149,7 +158,10 @@ async def _handoffs(key: str, routers: Routers, count: int, rounds: int) -> dict
         both = await asyncio.gather(load(a, half, count // 2, key), load(b, half, count // 2, key))
         latencies = both[0].latencies + both[1].latencies
         errors = both[0].errors + both[1].errors
-        out["shared"].add(Sample(latencies, [], 0, errors, max(s.wall for s in both)), 0.0)
+        out["shared"].add(
+            Sample(latencies=latencies, ttfts=[], chunks=0, errors=errors, wall=max(s.wall for s in both)),
+            0.0,
+        )
     return out
 
 

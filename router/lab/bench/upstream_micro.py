@@ -208,7 +208,15 @@ async def _run(name: str, call: Call, scenario: str, count: int, concurrency: in
     cpu0, wall0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    return Result(name, scenario, concurrency, count, cpu / count * 1e6, count / wall, seen / count)
+    return Result(
+        client=name,
+        scenario=scenario,
+        concurrency=concurrency,
+        count=count,
+        cpu_us=cpu / count * 1e6,
+        per_second=count / wall,
+        chunks_seen=seen / count,
+    )
 
 
 async def _measure(name: str, call: Call, requests: int, streams: int, repeat: int) -> list[Result]:

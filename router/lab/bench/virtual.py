@@ -108,7 +108,11 @@ def profile_backends(
         for i in range(counts[name]):
             # The profile's own backend names where there are enough (they feed rendezvous hashing).
             label = origins[i] if i < len(origins) else f"http://{name}-{i}.sim:8000"
-            out.append(VirtualBackend(label, name, config, preset.timing, pool.models))
+            out.append(
+                VirtualBackend(
+                    name=label, pool=name, config=config, timing=preset.timing, served_model_names=pool.models
+                )
+            )
     return out
 
 
@@ -134,7 +138,7 @@ class _Driver:
     def _trace_request(self, req: Request, at: float) -> TraceRequest:
         self.requests[req.request_id] = req
         self.router.clients[req.request_id] = req.client_id
-        return TraceRequest(req.request_id, at, req.body, "chat", req.cls)
+        return TraceRequest(request_id=req.request_id, arrival=at, body=req.body, kind="chat", label=req.cls)
 
     def on_done(self, rec: RequestRecord, now: float) -> list[TraceRequest]:
         self.bar.update()

@@ -26,10 +26,14 @@ from router.lab.bench.overhead import Scenario, bench_profile, pct
 from router.lab.procs import child_process, free_ports
 
 SCENARIOS = (
-    Scenario("non-stream c=32", False, 32, 6000, 16),
-    Scenario("non-stream c=128", False, 128, 8000, 16),
-    Scenario("stream 20ms/5ms c=64", True, 64, 640, 64, paced=True),
-    Scenario("stream 20ms/5ms c=256", True, 256, 1536, 64, paced=True),
+    Scenario(name="non-stream c=32", stream=False, concurrency=32, requests=6000, max_tokens=16),
+    Scenario(name="non-stream c=128", stream=False, concurrency=128, requests=8000, max_tokens=16),
+    Scenario(
+        name="stream 20ms/5ms c=64", stream=True, concurrency=64, requests=640, max_tokens=64, paced=True
+    ),
+    Scenario(
+        name="stream 20ms/5ms c=256", stream=True, concurrency=256, requests=1536, max_tokens=64, paced=True
+    ),
 )
 
 

@@ -164,7 +164,14 @@ def measure_vclock(
 
     p = load_preset(preset)
     backends = [
-        VirtualBackend(f"http://sim-{i}", "pool", p.engine, p.timing, (p.model,)) for i in range(engines)
+        VirtualBackend(
+            name=f"http://sim-{i}",
+            pool="pool",
+            config=p.engine,
+            timing=p.timing,
+            served_model_names=(p.model,),
+        )
+        for i in range(engines)
     ]
     rng = random.Random(seed)
     docs = ["".join(rng.choice("abcdefgh ") for _ in range(8000)) for _ in range(20)]

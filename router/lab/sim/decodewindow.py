@@ -73,7 +73,15 @@ def common_stretches(streams: Sequence[TimedStream], min_gaps: int = MIN_GAPS) -
         if last - first < min_gaps:
             return None
         times = s.token_times
-        stretches.append(Stretch(times[first], times[last], last - first, first, s.prompt_tokens))
+        stretches.append(
+            Stretch(
+                start=times[first],
+                end=times[last],
+                gaps=last - first,
+                made_before=first,
+                prompt_tokens=s.prompt_tokens,
+            )
+        )
     return stretches
 
 
@@ -81,7 +89,13 @@ def lifetime_stretches(streams: Sequence[TimedStream], skip: int) -> list[Stretc
     """Each stream from its `skip`-th token to its end (its first steps overlap other prompts'
     prefill)."""
     return [
-        Stretch(s.token_times[skip], s.end, len(s.token_times) - 1 - skip, skip, s.prompt_tokens)
+        Stretch(
+            start=s.token_times[skip],
+            end=s.end,
+            gaps=len(s.token_times) - 1 - skip,
+            made_before=skip,
+            prompt_tokens=s.prompt_tokens,
+        )
         for s in streams
         if len(s.token_times) - 1 - skip > 0
     ]

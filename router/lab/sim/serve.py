@@ -160,7 +160,7 @@ class SimCluster:
             sock.close()
             raise
         runner.start()
-        self._running.append(_Running(spec, runner, server, sock, log))
+        self._running.append(_Running(spec=spec, runner=runner, server=server, sock=sock, log=log))
 
     async def stop(self) -> None:
         running, self._running = self._running, []

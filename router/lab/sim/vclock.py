@@ -170,10 +170,21 @@ class VirtualCluster:
         if now - self._scraped_at >= self.scrape_interval:
             self._scraped = [(e.num_running, e.num_waiting, e.kv_usage) for e in self.engines]
             self._scraped_at = now
-        return [
-            BackendState(i, b.name, b.pool, self._in_flight[i], *self._scraped[i])
-            for i, b in enumerate(self.backends)
-        ]
+        states = []
+        for i, b in enumerate(self.backends):
+            running, waiting, kv_usage = self._scraped[i]
+            states.append(
+                BackendState(
+                    index=i,
+                    name=b.name,
+                    pool=b.pool,
+                    in_flight=self._in_flight[i],
+                    num_running=running,
+                    num_waiting=waiting,
+                    kv_cache_usage=kv_usage,
+                )
+            )
+        return states
 
     # ---- events ------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> None:

@@ -155,7 +155,11 @@ class SharedPoolGate(PoolGate):
     def _rule(self, ticket: Ticket) -> TakeRule:
         lane = ticket.lane
         return TakeRule(
-            not ticket.holds_lane, lane.config.max_in_flight, ticket.long, self.whole, self.lane_part(lane)
+            take_lane=not ticket.holds_lane,
+            lane_limit=lane.config.max_in_flight,
+            long=ticket.long,
+            limits=self.whole,
+            lane_part=self.lane_part(lane),
         )
 
     def _order(self, ticket: Ticket) -> list[Backend]:
@@ -172,7 +176,13 @@ class SharedPoolGate(PoolGate):
 
     def _view(self, backend: Backend) -> _Seen:
         c = self._seen.get(backend) or SlotCounts()
-        return _Seen(backend, backend.name, c.in_flight, c.prefilling, c.long_prefilling)
+        return _Seen(
+            backend=backend,
+            name=backend.name,
+            in_flight=c.in_flight,
+            prefilling=c.prefilling,
+            long_prefilling=c.long_prefilling,
+        )
 
     def _claim(
         self, ticket: Ticket, order: Sequence[Backend], rule: TakeRule, answer: TakeAnswer | None
@@ -204,11 +214,17 @@ class SharedPoolGate(PoolGate):
 
     def _moves(self, holder: str, lane: Lane, backend: Backend, rule: TakeRule, sign: int) -> list[Change]:
         key = self.store.backend_key(backend)
-        changes = [Change(holder, key, "f", sign), Change(holder, key, "p", sign, self._limit("p"))]
+        changes = [
+            Change(holder, key, "f", sign),
+            Change(holder=holder, key=key, counter="p", delta=sign, limit=self._limit("p")),
+        ]
         if rule.long:
-            changes.append(Change(holder, key, "l", sign, self._limit("l")))
+            changes.append(Change(holder=holder, key=key, counter="l", delta=sign, limit=self._limit("l")))
         if rule.take_lane:
-            changes.append(Change(holder, self.store.lane_key(lane), "f", sign, limit_arg(rule.lane_limit)))
+            lane_key = self.store.lane_key(lane)
+            changes.append(
+                Change(holder=holder, key=lane_key, counter="f", delta=sign, limit=limit_arg(rule.lane_limit))
+            )
         return changes
 
     def _limit(self, counter: str) -> int:
@@ -240,12 +256,15 @@ class SharedPoolGate(PoolGate):
         if ticket.holds_lane and self.store.counts_shared:
             store = self.store
             limit = limit_arg(lane.config.max_in_flight)
-            store.give_back([Change(store.holder, store.lane_key(lane), "f", -1, limit)])
+            store.give_back(
+                [Change(holder=store.holder, key=store.lane_key(lane), counter="f", delta=-1, limit=limit)]
+            )
         super().finish(ticket)
 
     def _send(self, backend: Backend, counter: str, limit: int) -> None:
         store = self.store
-        store.give_back([Change(store.holder, store.backend_key(backend), counter, -1, limit)])
+        key = store.backend_key(backend)
+        store.give_back([Change(holder=store.holder, key=key, counter=counter, delta=-1, limit=limit)])
         seen = self._seen.get(backend)
         if seen is not None:
             self._seen[backend] = _minus(seen, counter)

@@ -238,7 +238,13 @@ class SlotStore:
         except SharedStateDown:
             self._go_local()
             return None
-        answer = TakeAnswer(holder, int(reply[0]), int(reply[1]), _counts(reply[2:-1]), int(reply[-1]))
+        answer = TakeAnswer(
+            holder=holder,
+            result=int(reply[0]),
+            lane_count=int(reply[1]),
+            counts=_counts(reply[2:-1]),
+            excess=int(reply[-1]),
+        )
         if answer.result == UNKNOWN_HOLDER:
             self._lost(holder)
         elif self.mode is Mode.SHARED:
@@ -385,7 +391,7 @@ class SlotStore:
             for la in gate_lanes:
                 lanes[la] = gate.lane_part(la)
         changes += [
-            Change("", self.lane_key(la), "f", la.in_flight, limit_arg(part))
+            Change(holder="", key=self.lane_key(la), counter="f", delta=la.in_flight, limit=limit_arg(part))
             for la, part in lanes.items()
             if la.in_flight > 0
         ]

@@ -178,7 +178,14 @@ def _start(
     if target.kind == "direct":
         return Running(target, backend_port, [])
     port, metrics_port = free_ports(2)
-    where = Where(port, backend_port, settings.run_dir, settings.proxy_cpu, settings.key, metrics_port)
+    where = Where(
+        port=port,
+        backend_port=backend_port,
+        run_dir=settings.run_dir,
+        cpu=settings.proxy_cpu,
+        key=settings.key,
+        metrics_port=metrics_port,
+    )
     launched = targets.launch(target, settings.tools, where)
     commands.setdefault(target.label, launched.shown())
     log = settings.run_dir / f"{target.kind}-{port}.log"

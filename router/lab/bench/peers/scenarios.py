@@ -28,10 +28,25 @@ class Scenario:
 # the 64 closed-loop streams from starting together every round.
 PACED_STREAM_MS = 335.0
 SCENARIOS: dict[str, Scenario] = {
-    "nonstream": Scenario("nonstream", "non-streamed, c=32", False, 32, 16, False),
-    "stream": Scenario("stream", "streamed 64 tok, zero delay, c=32", True, 32, 64, False),
+    "nonstream": Scenario(
+        name="nonstream", title="non-streamed, c=32", stream=False, concurrency=32, tokens=16, paced=False
+    ),
+    "stream": Scenario(
+        name="stream",
+        title="streamed 64 tok, zero delay, c=32",
+        stream=True,
+        concurrency=32,
+        tokens=64,
+        paced=False,
+    ),
     "paced": Scenario(
-        "paced", "paced 20 ms TTFT + 5 ms ITL, 64 streams", True, 64, 64, True, PACED_STREAM_MS
+        name="paced",
+        title="paced 20 ms TTFT + 5 ms ITL, 64 streams",
+        stream=True,
+        concurrency=64,
+        tokens=64,
+        paced=True,
+        stagger_ms=PACED_STREAM_MS,
     ),
 }
 

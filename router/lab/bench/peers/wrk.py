@@ -52,7 +52,14 @@ def parse(output: str) -> Load:
     failed = int(bad.group(1)) if bad else 0
     sockets = _SOCKET.search(output)
     socket_errors = sum(int(n) for n in sockets.groups()) if sockets else 0
-    return Load(total - failed, 0, failed + socket_errors, 0, elapsed, client="wrk")
+    return Load(
+        requests=total - failed,
+        chunks=0,
+        errors=failed + socket_errors,
+        bad_counts=0,
+        elapsed_s=elapsed,
+        client="wrk",
+    )
 
 
 def run(cmd: list[str], duration_s: int) -> Load:
