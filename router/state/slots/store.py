@@ -47,7 +47,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -67,6 +67,7 @@ log = logging.getLogger("lane_router.slots")
 
 LEASE_BEATS = 5  # a holder's slots outlive its last heartbeat by this many heartbeats
 WATCH_IDLE_S = 5.0  # how long a subscription read waits for a message before reading again
+CANCEL_AGAIN_S = 0.5  # how long closing waits for its tasks to end before cancelling them again
 _STALE_KEPT = 8  # earlier holders remembered for dropping; one forgotten expires by its lease
 
 
@@ -141,6 +142,7 @@ class SlotStore:
         self._flushing = 0
         self._rehoming: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._beating = self._watching = False
         self._keys = state.key("slots", "keys")
         self._holders = state.key("slots", "holders")
@@ -441,7 +443,7 @@ class SlotStore:
             self._spawn(self._beat_forever())
 
     async def _beat_forever(self) -> None:
-        while True:
+        while not self._closing:
             if self.mode is Mode.LOCAL and self._state.available():
                 await self._rehome_once()
             # Counting locally, Redis's return is looked for as often as `recheck_s` allows.
@@ -479,12 +481,12 @@ class SlotStore:
             self._spawn(self._watch_forever())
 
     async def _watch_forever(self) -> None:
-        while True:
+        while not self._closing:
             pubsub = self._state.client.pubsub()
             try:
                 await self._state.run("slot_watch", _subscribe(pubsub, self.channel, self.over_channel))
                 self.wake_all()  # anything freed before the subscription took effect
-                while True:
+                while not self._closing:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=WATCH_IDLE_S)
                     if message is None:
                         continue
@@ -504,16 +506,25 @@ class SlotStore:
         self._generation += 1
         return f"{self.run}/{self._generation}"
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        if self._closing:
+            work.close()  # closed: no background work starts any more
+            return
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
         """Stop the background work and give back what this process still holds."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._closing = True
+        tasks = list(self._tasks)
+        while tasks:
+            for task in tasks:
+                task.cancel()
+            # A cancellation that lands as the Redis client's own read timeout fires is taken for
+            # that timeout and swallowed: cancel again until every task has ended.
+            _, pending = await asyncio.wait(tasks, timeout=CANCEL_AGAIN_S)
+            tasks = list(pending)
         if self.mode is Mode.SHARED:
             with contextlib.suppress(SharedStateDown):
                 await self._apply("slot_sync", self.holder, (), drop=[self.holder])
