@@ -99,12 +99,23 @@ async def heartbeat_ttl(client: Redis, pid: int) -> int:
 async def knows_of(client: Redis, b: Router) -> None:
     """Until B's heartbeat ran after A's 4 slots were in Redis: B has seen what A holds."""
     await until(lambda: _equal(lane_in_redis(client), LANE))
-    before = await heartbeat_ttl(client, b.proc.pid)
+    await heartbeat_renewed(client, b.proc.pid)
 
-    async def renewed() -> bool:
-        return await heartbeat_ttl(client, b.proc.pid) > before
 
-    await until(renewed)
+async def heartbeat_renewed(client: Redis, pid: int) -> None:
+    """Until the heartbeat of router process `pid` is renewed. Unrenewed, its remaining lease
+    only falls from one reading to the next; a renewal shows as a reading above the one before
+    (comparing with the first reading instead would miss a renewal that falls between two
+    polls further from the first than the time the first was read after the last renewal)."""
+    last = await heartbeat_ttl(client, pid)
+
+    async def risen() -> bool:
+        nonlocal last
+        now, before = await heartbeat_ttl(client, pid), last
+        last = now
+        return now > before
+
+    await until(risen)
 
 
 async def _equal(value: Awaitable[int], expected: int) -> bool:
@@ -334,6 +345,8 @@ async def has_epoch(client: Redis) -> bool:
     return False
 
 
+# Two Redis restarts, each awaiting a heartbeat 8 s apart: slow on a busy machine.
+@pytest.mark.timeout(300)
 async def test_redis_restarted_empty_twice_still_awaits_the_replica_that_has_not_re_homed(
     tmp_path: Path, redis: RedisServer, backend: tuple[HoldingBackend, str]
 ) -> None:
@@ -342,7 +355,10 @@ async def test_redis_restarted_empty_twice_still_awaits_the_replica_that_has_not
     second Redis must await B all the same (granting nothing before B has re-homed), and A's
     request then waits for B's slots."""
     holding, url = backend
-    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=2.0))
+    # An epoch awaits B for one holder lease (LEASE_BEATS heartbeats) from its creation; past
+    # it B counts as dead, as its holder would anyway. Heartbeats 8 s apart give the second
+    # restart a 40 s window, which a busy machine's Redis restarts and beats stay within.
+    config = write_profile(tmp_path / "p.yaml", two_replicas(url, redis.url, heartbeat_s=8.0))
     async with router(config) as a, router(config) as b:
         await served_once(holding, a)
         from_b = send(b, LANE)
@@ -376,12 +392,7 @@ async def restarted_empty(redis: RedisServer, a: Router) -> set[str]:
     try:
         await until(lambda: has_epoch(client))
         awaited = await awaited_runs(client)
-        ttl = await heartbeat_ttl(client, a.proc.pid)
-        await until(lambda: _greater(heartbeat_ttl(client, a.proc.pid), ttl))
+        await heartbeat_renewed(client, a.proc.pid)
         return awaited
     finally:
         await client.aclose()
-
-
-async def _greater(value: Awaitable[int], than: int) -> bool:
-    return await value > than
