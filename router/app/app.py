@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from router.app import admin
 from router.app.asgi import Message, Receive, Send, body_writer, send_bytes, send_json
-from router.app.routes import PROXIED, stored_route
+from router.app.routes import PROXIED, anthropic_errors, stored_route
 from router.errors import (
     LengthRequired,
     MethodNotAllowed,
@@ -147,9 +147,8 @@ class LaneRouterApp:
             return
         except RouterError as err:
             self._count(err)
-            api = PROXIED.get(path)
             # The envelope is the route's: Anthropic's clients read only their own.
-            envelope = anthropic_envelope(err) if api is not None and api.anthropic else err.envelope()
+            envelope = anthropic_envelope(err) if anthropic_errors(path) else err.envelope()
             await send_json(send, err.status, envelope, err.headers())
         except ResponseAborted as err:
             log.warning(

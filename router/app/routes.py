@@ -68,6 +68,14 @@ PROXIED: Final[dict[bytes, ApiRoute]] = {
 # Upstream paths whose errors, before and within a response, are written in Anthropic's envelope.
 ANTHROPIC_TARGETS: Final = frozenset(api.target for api in PROXIED.values() if api.anthropic)
 
+
+def anthropic_errors(path: bytes) -> bool:
+    """Whether the router's errors on `path` are written in Anthropic's envelope: its routes',
+    and those of the paths below them it does not serve (Anthropic's batches, …)."""
+    api = PROXIED.get(path)
+    return api.anthropic if api is not None else path.startswith(b"/v1/messages/")
+
+
 # Routes that generate no tokens: no output bound is judged or written.
 NO_OUTPUT: Final[frozenset[Endpoint]] = frozenset(
     {"embeddings", "rerank", "score", "tokenize", "detokenize", "count_tokens"}
