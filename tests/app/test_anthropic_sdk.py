@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 import anthropic
 import orjson
 import pytest
+from anthropic.types import MessageParam
 
 from tests.conftest import Stack, router_stack
 from tests.support.anthropicapi import messages_profile, sdk
 from tests.support.fakebackend import Behaviour
 from tests.support.profiles import KEYS, MODEL, UPSTREAM_KEY
 
-HI = [{"role": "user", "content": "hi"}]
+HI: list[MessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
