@@ -5,6 +5,7 @@ with, before and within a stream, and where the key is read from (`x-api-key` be
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -170,3 +171,28 @@ async def test_key_headers_that_could_name_two_keys_are_refused(
     kind = "invalid_request_error" if status == 400 else "authentication_error"
     assert said in _error(status, body, kind)
     assert stack.forwarded() == 0
+
+
+async def test_the_keys_tokens_are_settled_on_the_usage_vllm_reports() -> None:
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = messages_profile(urls)
+        data["keys"].append(
+            {"name": "metered", "sha256": hash_key(LIMITED_KEY), "routes": ["messages"], "tpm": 6000}
+        )
+        return data
+
+    async with router_stack(n_backends=1, shape=shape) as stack, stack.client() as client:
+        stack.backends[0].behaviour = Behaviour(tokens=5)
+        big = {**orjson.loads(BODY), "max_tokens": 500}
+        headers = {"x-api-key": LIMITED_KEY}
+        began = time.monotonic()
+        first = await client.post("/v1/messages", json=big, headers=headers)
+        second = await client.post("/v1/messages", json=big, headers=headers)
+        slack = 6000 / 60 * (time.monotonic() - began) + 1
+        used = first.json()["usage"]
+        reported = used["input_tokens"] + used["output_tokens"]
+        estimate = 6000 - int(first.headers["x-ratelimit-remaining-tokens"])
+        assert first.status_code == second.status_code == 200 and estimate > 500
+        # The second sees the first's reported usage charged, not its estimate.
+        remaining = int(second.headers["x-ratelimit-remaining-tokens"])
+        assert abs(remaining - (6000 - reported - estimate)) <= slack
