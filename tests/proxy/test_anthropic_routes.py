@@ -196,3 +196,27 @@ async def test_the_keys_tokens_are_settled_on_the_usage_vllm_reports() -> None:
         # The second sees the first's reported usage charged, not its estimate.
         remaining = int(second.headers["x-ratelimit-remaining-tokens"])
         assert abs(remaining - (6000 - reported - estimate)) <= slack
+
+
+async def test_max_tokens_is_written_down_to_the_lanes_bound_never_refused() -> None:
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = messages_profile(urls)
+        data["lanes"]["chat"]["max_output_tokens"] = 1200
+        return data
+
+    async with router_stack(n_backends=1, shape=shape) as stack, stack.client() as client:
+        headers = {"x-api-key": MESSAGES_KEY}
+        thinking = {"type": "enabled", "budget_tokens": 16_000}
+        streamed = {**orjson.loads(BODY), "max_tokens": 32_000, "stream": True, "thinking": thinking}
+        resp = await client.post("/v1/messages", json=streamed, headers=headers)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-lane-router-class"] == "chat"
+        sent = orjson.loads(stack.seen()[0].body)
+        assert sent["max_tokens"] == 1200 and sent["thinking"] == {"type": "enabled", "budget_tokens": 1199}
+        # Not streamed, the same ceiling is a large generation, as a chat request stating no bound.
+        whole = {**orjson.loads(BODY), "max_tokens": 32_000}
+        resp = await client.post("/v1/messages", json=whole, headers=headers)
+        assert resp.status_code == 200 and resp.headers["x-lane-router-class"] == "batch"
+        small = await client.post("/v1/messages", content=BODY, headers=headers)
+        assert small.headers["x-lane-router-class"] == "chat"
+        assert orjson.loads(stack.seen()[-1].body)["max_tokens"] == 4
