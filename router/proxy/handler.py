@@ -1,4 +1,6 @@
-"""The request path of a proxied OpenAI route: key → facts → class → lane → limits → backend → stream.
+"""The request path of a proxied route: key → facts → class → lane → limits → backend → stream.
+OpenAI's routes, vLLM's own and Anthropic's Messages API (its body read by
+router/request/anthropic.py) take the same path.
 
 What the request brings is read by router/proxy/intake.py; the exchange with the backend, under
 the key's rate limits and the disconnect watch, is router/proxy/relay.py."""
