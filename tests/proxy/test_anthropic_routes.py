@@ -220,3 +220,26 @@ async def test_max_tokens_is_written_down_to_the_lanes_bound_never_refused() -> 
         small = await client.post("/v1/messages", content=BODY, headers=headers)
         assert small.headers["x-lane-router-class"] == "chat"
         assert orjson.loads(stack.seen()[-1].body)["max_tokens"] == 4
+
+
+async def test_anthropic_requests_are_classified_as_chat_requests_are(stack: Stack) -> None:
+    base = orjson.loads(BODY)
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}
+    turns = [
+        *base["messages"],
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result]},
+    ]
+    cases = {
+        "chat": base,
+        "agent": {**base, "tools": [tool]},
+        "long_context": {**base, "system": [{"type": "text", "text": "policy " * 200}]},
+    }
+    cases_with_blocks = {"agent": {**base, "messages": turns}}
+    async with stack.client() as client:
+        for expected, body in [*cases.items(), *cases_with_blocks.items()]:
+            resp = await client.post("/v1/messages", json=body, headers={"x-api-key": MESSAGES_KEY})
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-lane-router-class"] == expected, body
