@@ -159,3 +159,30 @@ class UpstreamAuthFailed(UpstreamError):
 def error_event(err: RouterError) -> bytes:
     """The SSE event that ends a stream which already sent its status line."""
     return b"data: " + err.body() + b"\n\n"
+
+
+# Anthropic's error types by status; a status not named is the server's (`api_error`).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_envelope(err: RouterError) -> dict[str, object]:
+    """The error body of the Anthropic Messages routes: their clients read `error.type` (by
+    status, as Anthropic's API sets it) and `error.message`."""
+    kind = _ANTHROPIC_TYPES.get(err.status)
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= err.status < 500 else "api_error"
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def anthropic_error_event(err: RouterError) -> bytes:
+    """The SSE event that ends an Anthropic stream which already sent its status line."""
+    return b"event: error\ndata: " + orjson.dumps(anthropic_envelope(err)) + b"\n\n"

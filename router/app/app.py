@@ -14,8 +14,15 @@ from typing import Any, Final
 
 from router.app import admin
 from router.app.asgi import Message, Receive, Send, body_writer, send_bytes, send_json
-from router.app.routes import PROXIED, stored_route
-from router.errors import LengthRequired, MethodNotAllowed, NotFound, RouterError, Unauthorized
+from router.app.routes import PROXIED, anthropic_errors, stored_route
+from router.errors import (
+    LengthRequired,
+    MethodNotAllowed,
+    NotFound,
+    RouterError,
+    Unauthorized,
+    anthropic_envelope,
+)
 from router.observe.metrics import CONTENT_TYPE
 from router.proxy.handler import handle
 from router.proxy.intake import ClientGone, Headers
@@ -115,13 +122,13 @@ class LaneRouterApp:
         # are answered in-stream by the relay, or end as ResponseAborted. Any other exception is
         # the server's to report: logged once, a 500 if nothing was sent yet, else the
         # connection is dropped (router/httpserver/dispatch.py).
+        path = scope.get("raw_path") or scope["path"].encode()
         try:
             if body_writer(scope) is None and _chunked(scope["headers"]):
                 # Another server may have put the trailer's fields among the head's (uvicorn's
                 # httptools protocol does), where the key and class are read from. The router's
                 # own reads the head alone (router/httpserver/reader.py).
                 raise LengthRequired("send the request body with a Content-Length, not in chunks")
-            path = scope.get("raw_path") or scope["path"].encode()
             # The fixed routes looked up here, not in a call: they take every proxied request.
             methods = ROUTES.get(path) or _stored_methods(path)
             if methods is None:
@@ -144,7 +151,9 @@ class LaneRouterApp:
             return
         except RouterError as err:
             self._count(err)
-            await send_json(send, err.status, err.envelope(), err.headers())
+            # The envelope is the route's: Anthropic's clients read only their own.
+            envelope = anthropic_envelope(err) if anthropic_errors(path) else err.envelope()
+            await send_json(send, err.status, envelope, err.headers())
         except ResponseAborted as err:
             log.warning(
                 "%s %s: response cut short, dropping the client connection: %s",

@@ -23,6 +23,9 @@ class ApiRoute:
     target: bytes
     engine_fields: bool = True  # vLLM's request has `priority` and `cache_salt`
     multipart: bool = False
+    # Anthropic's Messages API: its body, its key header (`x-api-key`) and its error envelope.
+    anthropic: bool = False
+    priority: bool = True  # vLLM's request has `priority` (Anthropic's has `cache_salt` alone)
 
 
 def _route(endpoint: Endpoint, scope: RouteScope, target: str, **kw: bool) -> ApiRoute:
@@ -39,6 +42,11 @@ _TRANSLATE: Final = _route(
     "translations", RouteScope.AUDIO, "/v1/audio/translations", engine_fields=False, multipart=True
 )
 
+_MESSAGES: Final = _route("messages", RouteScope.MESSAGES, "/v1/messages", anthropic=True, priority=False)
+_COUNT_TOKENS: Final = _route(
+    "count_tokens", RouteScope.MESSAGES, "/v1/messages/count_tokens", engine_fields=False, anthropic=True
+)
+
 PROXIED: Final[dict[bytes, ApiRoute]] = {
     b"/v1/chat/completions": _CHAT,
     b"/v1/completions": _route("completions", RouteScope.COMPLETIONS, "/v1/completions"),
@@ -53,10 +61,25 @@ PROXIED: Final[dict[bytes, ApiRoute]] = {
     b"/detokenize": _route("detokenize", RouteScope.TOKENIZE, "/detokenize", engine_fields=False),
     b"/v1/audio/transcriptions": _TRANSCRIBE,
     b"/v1/audio/translations": _TRANSLATE,
+    b"/v1/messages": _MESSAGES,
+    b"/v1/messages/count_tokens": _COUNT_TOKENS,
 }
 
+# Upstream paths whose errors, before and within a response, are written in Anthropic's envelope.
+ANTHROPIC_TARGETS: Final = frozenset(api.target for api in PROXIED.values() if api.anthropic)
+
+
+def anthropic_errors(path: bytes) -> bool:
+    """Whether the router's errors on `path` are written in Anthropic's envelope: its routes',
+    and those of the paths below them it does not serve (Anthropic's batches, …)."""
+    api = PROXIED.get(path)
+    return api.anthropic if api is not None else path.startswith(b"/v1/messages/")
+
+
 # Routes that generate no tokens: no output bound is judged or written.
-NO_OUTPUT: Final[frozenset[Endpoint]] = frozenset({"embeddings", "rerank", "score", "tokenize", "detokenize"})
+NO_OUTPUT: Final[frozenset[Endpoint]] = frozenset(
+    {"embeddings", "rerank", "score", "tokenize", "detokenize", "count_tokens"}
+)
 
 # The id part of `/v1/responses/{id}` and `/v1/responses/{id}/cancel`. vLLM's ids are
 # `resp_` and hex digits; the charset admits no path syntax, so the path sent upstream is still

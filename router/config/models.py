@@ -42,6 +42,7 @@ class RouteScope(StrEnum):
     SCORE = "score"
     TOKENIZE = "tokenize"
     AUDIO = "audio"
+    MESSAGES = "messages"  # the Anthropic Messages API
 
 
 # What a key without `routes:` may use: the routes every key could use before route scopes

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
-from router.errors import Forbidden, Unauthorized
+from router.errors import BadRequest, Forbidden, Unauthorized
 from router.keys.ratelimit import Limits
 from router.request.fields import FieldPolicy
 
@@ -170,6 +170,23 @@ class KeyRing:
 
 
 _CANONICAL: Final = b"Bearer "
+
+
+def credentials(authorization: bytes | None, api_key: bytes | None) -> bytes | None:
+    """The Authorization a request on an Anthropic route authenticates with: its own, or its
+    `x-api-key` (where Anthropic's clients send the key) as a bearer token. Both naming
+    different keys are refused: which one a tenant meant is not the router's to guess."""
+    if api_key is None:
+        return authorization
+    token = api_key.strip()
+    if not token:
+        raise Unauthorized("empty x-api-key header", code="missing_api_key")
+    if authorization is not None and _bearer(authorization) != token:
+        raise BadRequest(
+            "the Authorization and x-api-key headers name different keys: send one",
+            code="conflicting_api_keys",
+        )
+    return _CANONICAL + token
 
 
 def _bearer(authorization: bytes | None) -> bytes:

@@ -325,7 +325,23 @@ def parse_usage(tail: bytes) -> int | None:
         return total
     prompt, completion = _count_after(tail, _PROMPT, at), _count_after(tail, _COMPLETION, at)
     if prompt is None or completion is None:
+        return _anthropic_usage(tail, at)
+    return prompt + completion
+
+
+# Anthropic's usage (the Messages API, a body's or a stream's last `message_delta`): the input
+# not read from the prefix cache, the cached input beside it, and the output.
+_INPUT: Final = b'"input_tokens"'
+_OUTPUT: Final = b'"output_tokens"'
+_CACHED: Final = (b'"cache_read_input_tokens"', b'"cache_creation_input_tokens"')
+
+
+def _anthropic_usage(tail: bytes, at: int) -> int | None:
+    prompt, completion = _count_after(tail, _INPUT, at), _count_after(tail, _OUTPUT, at)
+    if prompt is None or completion is None:
         return None
+    for name in _CACHED:
+        prompt += _count_after(tail, name, at) or 0
     return prompt + completion
 
 

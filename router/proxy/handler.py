@@ -1,4 +1,6 @@
-"""The request path of a proxied OpenAI route: key → facts → class → lane → limits → backend → stream.
+"""The request path of a proxied route: key → facts → class → lane → limits → backend → stream.
+OpenAI's routes, vLLM's own and Anthropic's Messages API (its body read by
+router/request/anthropic.py) take the same path.
 
 What the request brings is read by router/proxy/intake.py; the exchange with the backend, under
 the key's rate limits and the disconnect watch, is router/proxy/relay.py."""
@@ -14,7 +16,7 @@ from router.app.routes import ApiRoute
 from router.balance import Affinity, AffinityRequest
 from router.balance import affinity_for as balance_affinity
 from router.errors import NotFound, RouterError
-from router.keys.auth import ApiKey
+from router.keys.auth import ApiKey, credentials
 from router.keys.ratelimit import estimate_tokens
 from router.lanes.admission import outside_lane_shape
 from router.lanes.classify import REASON_TEXT, Signals, classify, parse_class_header
@@ -30,6 +32,7 @@ from router.proxy.chunklog import UsageTail
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.respond import ResponseAborted
+from router.request.anthropic import parse_messages
 from router.request.audiofacts import audio_upstream_body, parse_audio_facts
 from router.request.facts import RequestFacts, parse_facts
 from router.request.fields import check_fields
@@ -119,7 +122,10 @@ async def _handle(
     send: Send,
 ) -> None:
     rid = rec.request_id
-    key = runtime.keys.authenticate(headers.authorization)
+    authorization = headers.authorization
+    if api.anthropic and headers.api_key is not None:
+        authorization = credentials(authorization, headers.api_key)
+    key = runtime.keys.authenticate(authorization)
     rec.key_name = key.name
     if api.scope not in key.routes:
         key.allow_route(api.scope)
@@ -128,6 +134,8 @@ async def _handle(
     form: Form | None = None
     if api.multipart:
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
+    elif api.anthropic:
+        facts = parse_messages(api.endpoint, body, runtime.counter)
     else:
         facts = parse_facts(api.endpoint, body, runtime.counter)
     fields = key.fields
@@ -151,8 +159,10 @@ async def _handle(
     settings = lane.settings
     caps = OutputCaps(lane=settings.max_output_tokens, key=fields.max_tokens, context=settings.max_model_len)
     bound = output_bound(facts, caps)
-    priority = settings.priority if settings.by_priority and api.engine_fields else None
+    priority = settings.priority if settings.by_priority and api.engine_fields and api.priority else None
     extra = [(b"x-request-id", rid)]
+    if api.anthropic:
+        extra.append((b"request-id", rid))  # where Anthropic's clients read it
     if runtime.debug_headers:
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
     rm = settings.route_metrics

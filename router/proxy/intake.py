@@ -22,9 +22,9 @@ class ClientGone(Exception):
 # different one. _TRACE keeps every traceparent and tracestate line. Headers clients commonly
 # send that the router does not read share _UNREAD, a place no attribute takes: found as they
 # come (servers lower header names), they need no lowering to be passed over.
-_SINGLE: Final = 4
-_TRACE: Final = 8
-_UNREAD: Final = 9
+_SINGLE: Final = 5
+_TRACE: Final = 9
+_UNREAD: Final = 10
 _UNREAD_NAMES: Final = (
     b"host",
     b"user-agent",
@@ -49,10 +49,11 @@ _PLACES: Final = {
     b"x-request-class": 1,
     b"x-client-id": 2,
     b"x-session-id": 3,
-    b"content-length": 4,
-    b"content-type": 5,
-    b"x-request-id": 6,
-    b"accept": 7,
+    b"x-api-key": 4,  # the key as Anthropic's clients send it (router.keys.auth.credentials)
+    b"content-length": 5,
+    b"content-type": 6,
+    b"x-request-id": 7,
+    b"accept": 8,
     b"traceparent": _TRACE,
     b"tracestate": _TRACE,
 }
@@ -63,6 +64,7 @@ class Headers:
 
     __slots__ = (
         "accept",
+        "api_key",
         "authorization",
         "client_id",
         "content_length",
@@ -98,6 +100,7 @@ class Headers:
             self.request_class,
             self.client_id,
             self.session_id,
+            self.api_key,
             self.content_length,
             self.content_type,
             self.request_id,

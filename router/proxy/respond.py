@@ -18,7 +18,8 @@ import time
 from typing import Final
 
 from router.app.asgi import BodyWriter, Send
-from router.errors import UpstreamError, error_event
+from router.app.routes import ANTHROPIC_TARGETS
+from router.errors import UpstreamError, anthropic_error_event, error_event
 from router.lanes.slowclient import LAG_CHECK_S, StreamBuffer, client_identity, unsent_probe
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import ChunkLog
@@ -153,7 +154,7 @@ async def _relay_spliced(
         await _relay_decoupled(runtime, response, send, seen, splice.pending)
     else:
         assert isinstance(outcome, UpstreamError)
-        await _end_with_error(outcome, seen.is_sse, send)
+        await _end_with_error(outcome, seen, send)
 
 
 async def _relay_direct(
@@ -182,7 +183,7 @@ async def _relay_direct(
             if not more:
                 seen.ex.answered = True
     except UpstreamError as err:
-        await _end_with_error(err, seen.is_sse, send)
+        await _end_with_error(err, seen, send)
         return
     if more:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -204,11 +205,13 @@ def _lagging(runtime: Runtime, response: UpstreamResponse, send: Send, writer: B
     return runtime.lag.lagging(response.buffered + (probe() if probe is not None else 0))
 
 
-async def _end_with_error(err: UpstreamError, is_sse: bool, send: Send) -> None:
-    if not is_sse:
+async def _end_with_error(err: UpstreamError, seen: ChunkLog, send: Send) -> None:
+    if not seen.is_sse:
         # A JSON body cut short cannot be mended; dropping the connection tells the client.
         raise ResponseAborted(str(err)) from err
-    await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+    # The event in the route's own envelope: Anthropic's clients read an `error` event.
+    event = anthropic_error_event(err) if seen.ex.target in ANTHROPIC_TARGETS else error_event(err)
+    await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 def _mark_slow(runtime: Runtime, ex: Attempt) -> None:
@@ -233,7 +236,7 @@ async def _relay_decoupled(
             await send({"type": "http.response.body", "body": data, "more_body": True})
         error = buffer.error
         if isinstance(error, UpstreamError):
-            await _end_with_error(error, seen.is_sse, send)
+            await _end_with_error(error, seen, send)
         elif error is not None:
             raise error
         else:

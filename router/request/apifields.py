@@ -116,3 +116,42 @@ AUDIO_FIELDS = frozenset(
         "max_completion_tokens",
     }
 )
+
+# Anthropic Messages (`/v1/messages`): the fields vLLM's request reads. Its engine fields
+# (cache_salt, kv/ec transfer, vllm_xargs, mm_payload) stay in ENGINE_FIELDS. count_tokens reads
+# the prompt's fields alone.
+MESSAGES_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "metadata",
+        "output_config",
+        "thinking",
+        "stop_sequences",
+        "stream",
+        "system",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_k",
+        "top_p",
+        "watermarking",
+        "chat_template_kwargs",
+    }
+)
+MESSAGES_ENGINE_FIELDS = frozenset(
+    {"cache_salt", "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "mm_payload", "return_mm_kwargs"}
+)
+COUNT_TOKENS_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "output_config",
+        "thinking",
+        "chat_template_kwargs",
+    }
+)

@@ -68,6 +68,7 @@ class RequestFacts:
         "include_usage",
         "max_tokens",
         "model",
+        "output_ceiling",
         "prefix_chain",
         "prompt_tokens",
         "roles",
@@ -91,6 +92,7 @@ class RequestFacts:
         user: str | None,
         include_usage: bool,
         body: dict[str, Any],
+        output_ceiling: int | None = None,
     ) -> None:
         self.endpoint: Final = endpoint
         self.model: Final = model
@@ -104,6 +106,9 @@ class RequestFacts:
         self.user: Final = user
         self.include_usage: Final = include_usage
         self.body: Final = body
+        # A ceiling the client must state (Anthropic's `max_tokens`): the router writes its own
+        # bound as for a request that states none, at most this (router.request.rewrite).
+        self.output_ceiling: Final = output_ceiling
 
     def with_prompt_tokens(self, prompt_tokens: int) -> RequestFacts:
         """The same facts with another prompt length (a stored conversation's turns added)."""
@@ -120,6 +125,7 @@ class RequestFacts:
             user=self.user,
             include_usage=self.include_usage,
             body=self.body,
+            output_ceiling=self.output_ceiling,
         )
 
     @property

@@ -25,7 +25,9 @@ import orjson
 from router.errors import BadRequest, Forbidden
 from router.request.apifields import (
     AUDIO_FIELDS,
+    COUNT_TOKENS_FIELDS,
     DETOKENIZE_FIELDS,
+    MESSAGES_FIELDS,
     RERANK_FIELDS,
     RESPONSES_FIELDS,
     SCORE_FIELDS,
@@ -43,6 +45,8 @@ Endpoint = Literal[
     "detokenize",
     "transcriptions",
     "translations",
+    "messages",
+    "count_tokens",
 ]
 
 # OpenAI fields vLLM accepts and ignores; refusing them would break ordinary clients.
@@ -141,6 +145,8 @@ OPEN_FIELDS: Final[Mapping[Endpoint, frozenset[str]]] = {
     "detokenize": DETOKENIZE_FIELDS,
     "transcriptions": AUDIO_FIELDS,
     "translations": AUDIO_FIELDS,
+    "messages": MESSAGES_FIELDS,
+    "count_tokens": COUNT_TOKENS_FIELDS,
 }
 
 # The engine's own knobs: scheduling order, cache isolation, request identity, templates,
@@ -186,10 +192,11 @@ DEFAULT_LIMITS: Final[Mapping[str, int]] = {
 
 
 # What vLLM compiles into a grammar that constrains the output: `response_format` and
-# `structured_outputs` (chat, completions), `text` (Responses), and the tools when `tool_choice`
-# forces a call. Compiling takes CPU time that grows faster than the spec's size (a JSON schema
-# of 30 KiB takes under a second, one of 220 KiB some 20 s): its JSON bytes are bounded.
-GRAMMAR_FIELDS: Final = ("response_format", "structured_outputs", "text")
+# `structured_outputs` (chat, completions), `text` (Responses), `output_config` (Anthropic
+# Messages), and the tools when `tool_choice` forces a call. Compiling takes CPU time that grows
+# faster than the spec's size (a JSON schema of 30 KiB takes under a second, one of 220 KiB some
+# 20 s): its JSON bytes are bounded.
+GRAMMAR_FIELDS: Final = ("response_format", "structured_outputs", "text", "output_config")
 DEFAULT_GRAMMAR_BYTES: Final = 32768
 _UNFORCED: Final = frozenset({"auto", "none"})
 
@@ -277,8 +284,7 @@ def _check_grammar(data: Mapping[str, Any], bound: int) -> None:
         value = data.get(name)
         if value is not None:
             size += len(orjson.dumps(value))
-    choice = data.get("tool_choice")
-    if data.get("tools") and choice is not None and choice not in _UNFORCED:
+    if data.get("tools") and _forced(data.get("tool_choice")):
         size += len(orjson.dumps(data["tools"]))
     if size > bound:
         raise BadRequest(
@@ -286,6 +292,16 @@ def _check_grammar(data: Mapping[str, Any], bound: int) -> None:
             f"{size} bytes of JSON; this key may ask for at most {bound}",
             code="field_limit_exceeded",
         )
+
+
+def _forced(choice: Any) -> bool:
+    """Whether a `tool_choice` forces a tool call (compiled into a grammar): a name or a mode
+    beyond auto and none, as a string (OpenAI) or an object's `type` (an OpenAI named tool is
+    `function`; Anthropic's modes are objects)."""
+    if choice is None:
+        return False
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    return not isinstance(kind, str) or kind not in _UNFORCED
 
 
 def _check_token_ids(ids: Any, width: str, limits: Mapping[str, int]) -> None:

@@ -8,6 +8,8 @@ written into it. Pure.
   bound when nothing is stated, and it is written too. The bound goes into the field vLLM
   honours and the other output field is dropped (Responses: `max_output_tokens`; audio routes:
   `max_completion_tokens`, router.request.audiofacts).
+* Anthropic's `max_tokens` is required, so it is a ceiling: the router writes its own bound, as
+  for a request that states none, at most the ceiling; a thinking budget is written under it.
 * `priority`, from the lane, on pools whose vLLM schedules by priority (the client's is
   replaced; on other pools vLLM refuses any non-zero priority).
 * `cache_salt`, the key's, when the profile isolates prefix caches (the client's is replaced).
@@ -21,6 +23,7 @@ import orjson
 
 from router.app.routes import NO_OUTPUT
 from router.errors import BadRequest
+from router.request.anthropic import thinking_within
 from router.request.facts import RequestFacts
 
 # vLLM 0.32's `CompletionRequest.max_tokens` default.
@@ -75,6 +78,9 @@ def _unstated_bound(facts: RequestFacts, caps: OutputCaps) -> int:
         bound = min(bound, caps.key)
     if caps.lane is not None:
         bound = min(bound, caps.lane // facts.sequences)
+    ceiling = facts.output_ceiling
+    if ceiling is not None:
+        bound = min(bound, ceiling)
     return bound
 
 
@@ -100,6 +106,8 @@ def upstream_body(
         else:
             body["max_tokens"] = bound
             body.pop("max_completion_tokens", None)
+    if facts.endpoint == "messages" and bound is not None:
+        thinking_within(body, bound)
     if priority is not None:
         body["priority"] = priority
     if cache_salt is not None:

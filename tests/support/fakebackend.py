@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from router.app.asgi import Receive, Scope, Send, answer_lifespan, receive_body
+from tests.support import anthropicapi
 from tests.support.fakeapi import FakeApi
 
 
@@ -79,6 +80,8 @@ class FakeBackend:
         try:
             if self.api.serves(path):
                 await self._api(scope, receive, send, body)
+            elif path in anthropicapi.MESSAGES_PATHS:
+                await self._messages(path, receive, send, body)
             else:
                 await self._generate(receive, send, body)
             item.finished = time.monotonic()
@@ -107,6 +110,47 @@ class FakeBackend:
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await self.api.answer(scope, body, watcher, send)
+        finally:
+            watcher.cancel()
+
+    async def _messages(self, path: str, receive: Receive, send: Send, body: bytes) -> None:
+        """Anthropic's Messages API as vLLM answers it (tests/support/anthropicapi.py): the
+        behaviour's tokens, at most `max_tokens`, its timing and scripted failures."""
+        b = self.behaviour
+        request = orjson.loads(body)
+        if b.status != 200:
+            await _respond(send, b.status, anthropicapi.error(b.status))
+            return
+        if path.endswith("/count_tokens"):
+            await _respond(send, 200, anthropicapi.count(request))
+            return
+        tokens = min(b.tokens, request["max_tokens"])
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            if b.hold is not None:
+                await _until_first(watcher, b.hold)
+            if not request.get("stream"):
+                await _respond(send, 200, anthropicapi.message(request, b.model, tokens))
+                return
+            start = {"type": "http.response.start", "status": 200}
+            await send({**start, "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": anthropicapi.stream_head(request, b.model),
+                    "more_body": True,
+                }
+            )
+            for i in range(tokens):
+                if i and b.itl_s:
+                    await _sleep_unless(watcher, b.itl_s)
+                if b.die_after_tokens is not None and i == b.die_after_tokens:
+                    raise ConnectionAbortedError("scripted death mid-stream")
+                await send(
+                    {"type": "http.response.body", "body": anthropicapi.stream_token(i), "more_body": True}
+                )
+            tail = anthropicapi.stream_tail(request, tokens)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
             watcher.cancel()
 
