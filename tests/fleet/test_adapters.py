@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from router.config.drift import served_adapters, served_entries
-from router.config.load import parse_profile
+from router.config.drift import drift_of, served_adapters, served_entries
+from router.config.load import ConfigError, parse_profile
 from router.fleet.adapterload import AdapterLoadFailed, AdapterLoads
 from router.fleet.adapters import AdapterNeed, holds
 from router.fleet.backend import Backend
@@ -126,3 +126,34 @@ async def test_an_adapter_loaded_since_the_last_probe_counts_as_loaded() -> None
         need = AdapterNeed("sql", "/srv/lora/sql", lenient=False)
         assert await loads.ensure(backend, need, key=None, tls=None, timeout=5.0) is True
         assert holds(backend, need) and len(fake.lora_loads) == 1
+
+
+def test_a_pool_names_adapters_to_load_with_their_path_and_drift_does_not_miss_them() -> None:
+    data = profile(["http://127.0.0.1:9100"])
+    data["pools"]["interactive"]["adapters"] = ["sql", {"name": "chat-lora", "path": "/srv/lora/chat"}]
+    pool = parse_profile(data).pools["interactive"]
+    assert pool.models == (MODEL, "sql", "chat-lora")
+    listed = {"data": [{"id": MODEL, "max_model_len": 2048}, {"id": "sql", "parent": MODEL}]}
+    assert drift_of(pool, None, listed) == ()
+    unlisted = {"data": [{"id": MODEL, "max_model_len": 2048}]}
+    (missing,) = drift_of(pool, None, unlisted)
+    assert missing.field == "adapters" and "['sql'] not served" in missing.live
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"name": "x"}, {"name": "x", "path": ""}, {"name": "x", "path": "/p", "extra": 1}, {"path": "/p"}],
+)
+def test_an_adapter_to_load_is_a_name_and_a_path(entry: dict[str, str]) -> None:
+    data = profile(["http://127.0.0.1:9100"])
+    data["pools"]["interactive"]["adapters"] = [entry]
+    with pytest.raises(ConfigError):
+        parse_profile(data)
+
+
+def test_a_profile_does_not_set_adapter_paths_apart_from_the_adapters() -> None:
+    data = profile(["http://127.0.0.1:9100"])
+    data["pools"]["interactive"]["adapters"] = [{"name": "x", "path": "/p"}]
+    data["pools"]["interactive"]["adapter_paths"] = {"y": "/q"}
+    with pytest.raises(ConfigError):
+        parse_profile(data)
