@@ -26,9 +26,9 @@ async def sim(settings: ServerSettings) -> AsyncIterator[httpx.AsyncClient]:
     config = EngineConfig(
         max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=64, num_gpu_blocks=2048
     )
-    async with SimCluster([EngineSpec(port=0, config=config, timing=FAST, settings=settings)]) as cluster:
-        async with httpx.AsyncClient(base_url=cluster.urls[0], timeout=10) as client:
-            yield client
+    engines = SimCluster([EngineSpec(port=0, config=config, timing=FAST, settings=settings)])
+    async with engines as cluster, httpx.AsyncClient(base_url=cluster.urls[0], timeout=10) as client:
+        yield client
 
 
 async def listed(client: httpx.AsyncClient) -> dict[str, str | None]:
