@@ -333,7 +333,8 @@ class SharedPoolGate(PoolGate):
                 self._claim(ticket, order, rule, answer)
                 if ticket.long:
                     long_blocked = True
-                elif not ticket.tried:
+                elif not ticket.tried and ticket.adapter is None:
+                    # (a request held to some backends, or to an adapter's, blocks no other)
                     short_blocked = long_blocked = True
             elif waiter.future.done():  # it gave up while Redis answered
                 self._claim_for_nobody(ticket.lane, order, rule, answer)
