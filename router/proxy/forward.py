@@ -108,12 +108,12 @@ async def open_response(runtime: Runtime, ex: Attempt, gate: PoolGate) -> Upstre
                 raise last_error from None
             metrics.retries.labels(pool.name).inc()
             ex.record.retries += 1
-        # Without the pool's prefill rate there is no estimate: held until the response starts.
-        if not ex.stream and gate.limits.prefill_tokens_per_s is not None:
-            _hold_blind_prefill(ex, gate)
         need = ticket.adapter
         if need is not None:
             await place_adapter(runtime, pool, backend, need)
+        # Without the pool's prefill rate there is no estimate: held until the response starts.
+        if not ex.stream and gate.limits.prefill_tokens_per_s is not None:
+            _hold_blind_prefill(ex, gate)
         rec = ex.record
         if rec.admitted_at is None:
             rec.admitted_at = time.monotonic()
