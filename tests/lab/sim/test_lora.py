@@ -8,9 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 
+from router.cli import parse_args
 from router.config.load import parse_profile
-from router.lab.sim.cli import lora_modules
+from router.lab.sim.cli import build_specs, lora_modules
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.profile import SIM_LORA_ROOT, pool_server
 from router.lab.sim.serve import EngineSpec, SimCluster
@@ -77,3 +79,17 @@ def test_a_profiles_pool_serves_its_plain_adapters_and_takes_loads_of_the_others
     server = pool_server(pool)
     assert server.served_model_names == ("fake-model", "fake-alias")
     assert server.lora_modules == (("sql", SIM_LORA_ROOT + "sql"),) and server.runtime_lora
+
+
+def test_the_sim_command_takes_lora_modules_as_vllm_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    args = parse_args(
+        ["sim", "--port", "9001", "--served-model-name", "base", "--lora-modules", "a=/l/a", "b=/l/b"]
+    )
+    (spec,) = build_specs(args)
+    assert spec.settings.lora_modules == (("a", "/l/a"), ("b", "/l/b")) and not spec.settings.runtime_lora
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    (spec,) = build_specs(parse_args(["sim", "--port", "9001"]))
+    assert spec.settings.runtime_lora
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        build_specs(parse_args(["sim", "--port", "9001", "--lora-modules", "a"]))
