@@ -8,6 +8,14 @@ from __future__ import annotations
 from router.errors import NotFound
 from router.fleet.adapters import AdapterNeed, holds
 from router.lanes.lane import Lane
+from router.lanes.route import ModelRoute
+from router.state.runtime import Runtime
+
+
+def learned_route(runtime: Runtime, model: str) -> ModelRoute | None:
+    """The route of a model no pool names that a backend lists as an adapter: its parent's."""
+    parent = runtime.fleet.learned_adapters.get(model)
+    return None if parent is None else runtime.routes.get(parent)
 
 
 def adapter_of(lane: Lane, model: str, learned: bool) -> AdapterNeed | None:

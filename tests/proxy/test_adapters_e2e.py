@@ -17,7 +17,9 @@ from router.balance.prefix_affinity import rendezvous_score
 from router.fleet.adapters import AdapterNeed
 from router.keys.auth import hash_key
 from tests.conftest import Stack, router_stack
-from tests.support.profiles import KEYS, MODEL, auth, profile
+from tests.proxy.test_models_routing import EMBED, FAST
+from tests.proxy.test_models_routing import _shape as models_shape
+from tests.support.profiles import CHAT_MODEL, EMBED_MODEL, KEYS, MODEL, auth, profile
 
 SQL = "sql-lora"
 SUPPORT = "support-lora"
@@ -210,3 +212,21 @@ def orjson_model(body: bytes) -> str:
     import orjson
 
     return str(orjson.loads(body)["model"])
+
+
+async def test_a_learned_adapter_of_another_model_takes_that_models_lanes() -> None:
+    async with router_stack(n_backends=4, shape=models_shape) as stack, stack.client() as client:
+        # The embedding pool's server lists an adapter of its model (vLLM names the base as parent).
+        stack.backends[EMBED].behaviour.model = EMBED_MODEL
+        stack.backends[EMBED].adapters["bge-lora"] = "/lora/bge"
+        stack.backends[FAST].behaviour.model = CHAT_MODEL
+        stack.backends[FAST].adapters["chat-lora"] = "/lora/chat"
+        await until(lambda: {"bge-lora", "chat-lora"} <= set(stack.state.runtime.fleet.learned_adapters))
+        resp = await client.post(
+            "/v1/embeddings", json={"model": "bge-lora", "input": "x"}, headers=auth("user")
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-lane-router-lane"] == "bge:chat"
+        assert counts(stack) == [0, 0, 1, 0]
+        resp = await client.post("/v1/chat/completions", json=chat("chat-lora"), headers=auth("user"))
+        assert resp.status_code == 200 and counts(stack) == [1, 0, 1, 0]
