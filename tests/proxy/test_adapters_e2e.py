@@ -19,7 +19,7 @@ from router.keys.auth import hash_key
 from tests.conftest import Stack, router_stack
 from tests.proxy.test_models_routing import EMBED, FAST
 from tests.proxy.test_models_routing import _shape as models_shape
-from tests.support.profiles import CHAT_MODEL, EMBED_MODEL, KEYS, MODEL, auth, profile
+from tests.support.profiles import CHAT_MODEL, EMBED_MODEL, KEYS, MODEL, UPSTREAM_KEY, auth, profile
 
 SQL = "sql-lora"
 SUPPORT = "support-lora"
@@ -154,6 +154,7 @@ async def test_an_adapter_to_load_is_loaded_once_under_concurrency_and_then_serv
         assert len(loads) == 1
         ((where, load),) = loads
         assert load == {"lora_name": SUPPORT, "lora_path": SUPPORT_PATH}
+        assert stack.backends[where].lora_load_auth == [f"Bearer {UPSTREAM_KEY}"]
         assert where == rank(stack, SUPPORT, [0, 1, 2])[0] and counts(stack)[where] == 10
         # Loaded: the next requests go there without another load.
         assert (

@@ -61,6 +61,7 @@ class FakeBackend:
     # `lora_load_hold` is set when a test holds it.
     adapters: dict[str, str] = field(default_factory=dict)
     lora_loads: list[dict[str, str]] = field(default_factory=list)
+    lora_load_auth: list[str | None] = field(default_factory=list)  # each load's authorization
     lora_load_status: int = 200
     lora_load_hold: asyncio.Event | None = None
 
@@ -77,6 +78,7 @@ class FakeBackend:
             await _respond(send, 200, _models(self.behaviour.model, self.adapters))
             return
         if path == "/v1/load_lora_adapter" and method == "POST":
+            self.lora_load_auth.append(_headers(scope).get("authorization"))
             await self._load_lora(send, body)
             return
         if path == "/version":
