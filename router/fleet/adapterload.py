@@ -16,7 +16,7 @@ import logging
 
 import orjson
 
-from router.errors import UpstreamError
+from router.errors import AdapterLoadFailed
 from router.fleet.adapters import AdapterNeed, serves
 from router.fleet.backend import Backend
 from router.fleet.probes import HEALTH_BYTES, Answer, ProbeClient
@@ -26,10 +26,6 @@ from router.tls.upstream import UpstreamTls
 log = logging.getLogger("lane_router.adapters")
 
 LOAD_PATH = "/v1/load_lora_adapter"
-
-
-class AdapterLoadFailed(UpstreamError):
-    code = "adapter_load_failed"
 
 
 class AdapterLoads:

@@ -13,7 +13,8 @@ import pytest
 
 from router.config.drift import drift_of, served_adapters, served_entries
 from router.config.load import ConfigError, parse_profile
-from router.fleet.adapterload import AdapterLoadFailed, AdapterLoads
+from router.errors import AdapterLoadFailed
+from router.fleet.adapterload import AdapterLoads
 from router.fleet.adapters import AdapterNeed, holds
 from router.fleet.backend import Backend
 from router.observe.metrics import Metrics
