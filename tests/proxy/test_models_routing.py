@@ -107,6 +107,8 @@ async def test_models_lists_what_each_key_may_use(stack: Stack) -> None:
         [CHAT_MODEL, "llama-chat", "sql-lora", EMBED_MODEL, RERANK_MODEL]
     )
     assert [m["id"] for m in scoped.json()["data"]] == [EMBED_MODEL]
+    parents = {m["id"]: (m["root"], m["parent"]) for m in every.json()["data"]}
+    assert parents["sql-lora"] == (CHAT_MODEL, CHAT_MODEL) and parents["llama-chat"] == (CHAT_MODEL, None)
 
 
 async def test_a_reload_removing_a_model_refuses_it_at_once_and_keeps_other_streams(tmp_path: Path) -> None:
