@@ -76,8 +76,9 @@ def learned_adapters(runtime: Runtime, allowed: frozenset[str] | None) -> list[d
             "object": "model",
             "owned_by": "lane-router",
             "created": int(runtime.loaded_at),
-            "parent": parent,
             "max_model_len": min(p.max_model_len for p in served[parent]),
+            "root": parent,
+            "parent": parent,
         }
         for name, parent in sorted(runtime.fleet.learned_adapters.items())
         if name not in served and parent in served and (allowed is None or name in allowed)
