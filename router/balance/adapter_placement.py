@@ -40,13 +40,19 @@ class AdapterPlacement(Balancer):
         if len(candidates) == 1 or affinity is None:
             return candidates[0], True
         key = affinity.key if isinstance(affinity, AffinityKey) else affinity
-        total = sum(c.in_flight for c in candidates) + 1
-        bound = max(math.ceil((1 + self._slack) * total / len(candidates)), ADAPTER_MIN_BOUND)
+        bound = load_bound(candidates, self._slack)
         ranked = sorted(candidates, key=lambda c: rendezvous_score(key, c.name), reverse=True)
         for i, c in enumerate(ranked):
             if c.in_flight + 1 <= bound:
                 return c, i == 0
         return ranked[0], True
+
+
+def load_bound(candidates: Sequence[C], slack: float = ADAPTER_SLACK) -> int:
+    """How many requests in flight, the next one counted, a candidate may have and still take
+    the next: `(1 + slack) ×` the candidates' mean, or `ADAPTER_MIN_BOUND`, whichever is more."""
+    total = sum(c.in_flight for c in candidates) + 1
+    return max(math.ceil((1 + slack) * total / len(candidates)), ADAPTER_MIN_BOUND)
 
 
 ADAPTER_PLACEMENT: Final = AdapterPlacement()

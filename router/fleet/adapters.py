@@ -9,13 +9,14 @@ of its lane's pool that hold it, placed among them by the adapter's name with a 
 keeps to the same few backends, whose slots then hold it.
 
 An adapter the profile names with a path (`adapters: [{name, path}]`) that no routable backend
-of the pool holds is loaded on demand on the backend the same ranking picks among all of them
-(router/fleet/adapterload.py)."""
+of the pool holds — or whose holders are all loaded past the bound — is loaded on demand on the
+backend the same ranking picks among all of them (router/fleet/adapterload.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from router.balance.adapter_placement import load_bound
 from router.fleet.backend import Backend
 
 
@@ -49,12 +50,21 @@ def holds(backend: Backend, need: AdapterNeed) -> bool:
 
 
 def candidates_for(backends: Sequence[Backend], need: AdapterNeed) -> list[Backend]:
-    """The backends a request for the adapter may go to: its holders; with none and a path to
-    load it from, any of them (the one picked loads it first)."""
+    """The backends a request for the adapter may go to: its holders. With a path to load it
+    from, any of them (the one picked loads it first) when none holds it, or when every holder
+    is loaded past the bound of the whole pool and no load of it is under way: the adapter then
+    spills into one more backend's slots."""
     held = [b for b in backends if holds(b, need)]
-    if held or need.path is None:
+    if need.path is None or len(held) == len(backends):
         return held
-    return list(backends)
+    if not held:
+        return list(backends)
+    if any(need.name in b.loading for b in held):
+        return held  # the requests arriving while it loads wait for that load, not start another
+    bound = load_bound(backends)
+    if all(b.in_flight + 1 > bound for b in held):
+        return list(backends)
+    return held
 
 
 def learned_parents(backends: Iterable[Backend]) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from router.balance.adapter_placement import ADAPTER_MIN_BOUND
 from router.config.load import parse_profile
 from router.config.models import RequestClass
 from router.errors import Unavailable
@@ -119,3 +120,28 @@ async def test_a_waiting_adapter_request_does_not_hold_up_other_requests() -> No
     gate.finish(holding)
     async with asyncio.timeout(5):
         assert await queued is b[0]
+
+
+async def test_an_adapter_to_load_spills_into_one_more_backend_only_when_its_holders_are_past_the_bound() -> (
+    None
+):
+    rt = make_runtime(3)
+    b = backends(rt)
+    serve(b[0], "sql")
+    serve(b[1])
+    serve(b[2])
+    gate = gate_of(rt)
+    went = []
+    for _ in range(ADAPTER_MIN_BOUND):
+        went.append(await gate.acquire(adapter_ticket(rt, "sql", path="/srv/lora/sql")))
+    assert went == [b[0]] * ADAPTER_MIN_BOUND
+    # Past the bound, but a load of it is under way somewhere: wait for that one, start none.
+    b[0].loading = frozenset({"sql"})
+    held = adapter_ticket(rt, "sql", path="/srv/lora/sql")
+    assert gate.try_take(held) is b[0]
+    gate.finish(held)
+    b[0].loading = frozenset()
+    spilled = await gate.acquire(adapter_ticket(rt, "sql", path="/srv/lora/sql"))
+    assert spilled in (b[1], b[2])
+    # Without a path, the same load stays on the one holder.
+    assert await gate.acquire(adapter_ticket(rt, "sql")) is b[0]
