@@ -121,6 +121,9 @@ async def test_learned_adapters_come_and_go_with_the_backends_lists() -> None:
             await client.post("/v1/chat/completions", json=chat(SQL), headers=auth("user"))
         ).status_code == 200
         assert counts(stack) == [0, 1]
+        report = (await client.get("/admin/lanes", headers=auth("ops"))).json()
+        backends = report["pools"]["interactive"]["backends"]
+        assert [b["adapters"] for b in backends] == [[], [SQL]]
         del stack.backends[1].adapters[SQL]
         await until(lambda: SQL not in fleet.learned_adapters)
         after = await client.post("/v1/chat/completions", json=chat(SQL), headers=auth("user"))
