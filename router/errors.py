@@ -22,7 +22,9 @@ nowhere else (`envelope()` and `RouterError.status`).
         ├── UpstreamProtocolError 502     broken HTTP, or a response head over the size limits
         ├── UpstreamClosed        502     the backend closed the connection after the request went
         │                                 out (before or during its response): never retried
-        └── UpstreamAuthFailed    502     the backend refused the pool's upstream key (its 401/403)
+        ├── UpstreamAuthFailed    502     the backend refused the pool's upstream key (its 401/403)
+        └── AdapterLoadFailed     502     the backend did not load the LoRA adapter the router asked
+                                          it to (router/fleet/adapterload.py)
 
 Messages of upstream errors reach clients: they name a backend by its pool and its index there
 (`router.fleet.backend.backend_label`), never by its address.
@@ -154,6 +156,10 @@ class UpstreamClosed(UpstreamError):
 
 class UpstreamAuthFailed(UpstreamError):
     code = "upstream_auth_failed"
+
+
+class AdapterLoadFailed(UpstreamError):
+    code = "adapter_load_failed"
 
 
 def error_event(err: RouterError) -> bytes:

@@ -80,6 +80,9 @@ def _backend_report(b: Backend) -> dict[str, Any]:
         "in_flight": b.in_flight,
         "prefilling": b.prefilling,
         "drift": list(b.drift),
+        # The LoRA adapters its last /v1/models listed, and those the router is loading there.
+        "adapters": [name for name, _ in b.adapters],
+        "loading_adapters": sorted(b.loading),
     }
 
 

@@ -69,7 +69,27 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
         for model, pools in sorted(runtime.models.items())
         if key.models is None or model in key.models
     ]
+    data += learned_adapters(runtime, key.models)
     await send_json(send, 200, {"object": "list", "data": data})
+
+
+def learned_adapters(runtime: Runtime, allowed: frozenset[str] | None) -> list[dict[str, Any]]:
+    """The adapters the backends list (router/fleet/adapters.py) that no pool names, whose parent
+    a pool serves, and that the key may use."""
+    served = runtime.models
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "owned_by": "lane-router",
+            "created": int(runtime.loaded_at),
+            "max_model_len": min(p.max_model_len for p in served[parent]),
+            "root": parent,
+            "parent": parent,
+        }
+        for name, parent in sorted(runtime.fleet.learned_adapters.items())
+        if name not in served and parent in served and (allowed is None or name in allowed)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,17 @@ def served_entries(models: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return {str(m["id"]): m for m in models["data"] if isinstance(m, dict) and "id" in m}
 
 
+def served_adapters(entries: dict[str, dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The LoRA adapters among `/v1/models`' entries, each with its parent (the base model's
+    served name): vLLM lists an adapter with `parent` set, a base model without."""
+    found = []
+    for name, entry in entries.items():
+        parent = entry.get("parent")
+        if isinstance(parent, str) and parent and parent != name:
+            found.append((name, parent))
+    return tuple(sorted(found))
+
+
 def live_max_model_len(pool: PoolConfig, models: dict[str, Any] | None) -> int | None:
     """The context length the server states for the pool's model, if it states one."""
     entry = served_entries(models).get(pool.model)
@@ -50,7 +61,8 @@ def drift_of(pool: PoolConfig, version: str | None, models: dict[str, Any] | Non
     if pool.model not in entries:
         found.append(Drift("model", repr(pool.model), f"not served (serves {sorted(entries)})"))
         return tuple(found)
-    missing = [name for name in pool.adapters if name not in entries]
+    # Adapters with a path are the router's to load: not served until a request asks for one.
+    missing = [name for name in pool.adapters if name not in entries and name not in pool.adapter_paths]
     if missing:
         found.append(Drift("adapters", repr(list(pool.adapters)), f"{missing} not served"))
     live = live_max_model_len(pool, models)

@@ -97,9 +97,11 @@ class PoolConfig(Strict):
     discovery: DiscoveryConfig | None = None
     model: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
-    # LoRA adapters the pool's servers serve besides the model (vLLM's --lora-modules names):
-    # requests naming one go to the pool as the model's do.
+    # LoRA adapters of the model (vLLM's --lora-modules names): requests naming one go to the
+    # pool's backends whose /v1/models lists it. Written `{name, path}`, the router loads it on
+    # demand (`adapter_paths`, filled from those entries; router/fleet/adapters.py).
     adapters: tuple[str, ...] = ()
+    adapter_paths: dict[str, str] = Field(default_factory=dict)
     upstream_api_key_env: str | None = None
     upstream_api_key: str | None = None
     connect_timeout_s: float = Field(5.0, gt=0)
@@ -121,6 +123,32 @@ class PoolConfig(Strict):
     vllm: VllmSettings = VllmSettings()
     admission: PoolAdmission = PoolAdmission()
     tls: UpstreamTlsConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adapter_entries(cls, data: Any) -> Any:
+        """`adapters: [name, {name, path}]`: each name, and the paths to load from apart."""
+        if not isinstance(data, dict) or not isinstance(data.get("adapters"), list | tuple):
+            return data
+        entries = data["adapters"]
+        if not any(isinstance(e, dict) for e in entries):
+            return data
+        if data.get("adapter_paths"):
+            raise ValueError("write adapters to load as adapters: [{name: NAME, path: PATH}]")
+        names: list[Any] = []
+        paths: dict[str, Any] = {}
+        for entry in entries:
+            if isinstance(entry, dict):
+                name, path = entry.get("name"), entry.get("path")
+                if set(entry) - {"name", "path"} or not isinstance(name, str) or not isinstance(path, str):
+                    raise ValueError(f"an adapter to load is {{name: NAME, path: PATH}}, not {entry!r}")
+                if not name or not path:
+                    raise ValueError("an adapter's name and path may not be empty")
+                names.append(name)
+                paths[name] = path
+            else:
+                names.append(entry)
+        return {**data, "adapters": names, "adapter_paths": paths}
 
     @field_validator("backends")
     @classmethod

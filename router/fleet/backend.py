@@ -102,6 +102,12 @@ class Backend:
     in_flight_at_scrape: int = 0
     drift: tuple[str, ...] = ()
     live_max_model_len: int | None = None  # what the server's /v1/models states for the pool's model
+    # Every model id its last usable /v1/models listed (None: none answered yet), and the LoRA
+    # adapters among them with their parents (router/fleet/adapters.py). Replaced whole, never
+    # changed in place: a request reads them without a lock.
+    served: frozenset[str] | None = None
+    adapters: tuple[tuple[str, str], ...] = ()
+    loading: frozenset[str] = frozenset()  # adapters the router is loading on it (adapterload.py)
     auth_failure_logged_at: float | None = None  # monotonic time of the last such warning
 
     @property

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
+from router.fleet.adapterload import AdapterLoads
 from router.fleet.backend import Backend, ConnectionSettings, upstream_idle
 from router.fleet.membership import diff_members
 from router.fleet.pool import Pool
@@ -37,6 +38,10 @@ class Fleet:
         self._draining: set[Pool] = set()  # pools with draining backends
         self._retired: list[UpstreamPool] = []  # replaced connection pools, draining
         self._closing: set[asyncio.Task[None]] = set()
+        # Adapters the pools' backends listed, with their parents (router/fleet/health.py keeps
+        # it): where a request for a model no pool names may go. Replaced whole.
+        self.learned_adapters: dict[str, str] = {}
+        self.adapter_loads = AdapterLoads(metrics)  # on-demand loads (router/fleet/adapterload.py)
 
     @property
     def pending(self) -> bool:
@@ -181,9 +186,10 @@ class Fleet:
         await self._closed()
 
     async def _closed(self) -> None:
-        """Until every pool being closed is."""
+        """Until every pool being closed is, and the adapter loads under way have stopped."""
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.adapter_loads.aclose()
 
 
 def _by_index(backends: Iterable[Backend]) -> tuple[Backend, ...]:

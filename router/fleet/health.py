@@ -27,8 +27,9 @@ from typing import Any
 
 import orjson
 
-from router.config.drift import Drift, drift_of, live_max_model_len
+from router.config.drift import Drift, drift_of, live_max_model_len, served_adapters, served_entries
 from router.config.models import HealthConfig, PoolConfig, ProfileConfig
+from router.fleet.adapters import learned_parents
 from router.fleet.backend import Backend, Health
 from router.fleet.pool import Pool
 from router.fleet.probes import HEALTH_BYTES, INFO_BYTES, ProbeClient
@@ -176,6 +177,7 @@ class HealthChecker:
             for b in pool.members
         ]
         await asyncio.gather(*jobs)
+        reindex_adapters(runtime)  # a reload's pools and backends, and those that left
 
     def probe_joined(self, pool: Pool, backends: Sequence[Backend]) -> None:
         """Probe backends discovery just found, now: each joins the rotation once healthy."""
@@ -200,6 +202,8 @@ class HealthChecker:
             runtime.fleet.admit(pool, backend)
         if ok and check_drift:
             await self._check_drift(runtime, pool, backend, cfg.timeout_s, announce)
+        elif ok:
+            await self._learn_models(runtime, pool, backend, cfg.timeout_s)
 
     async def _check_drift(
         self, runtime: Runtime, pool: Pool, backend: Backend, timeout: float, announce: bool
@@ -207,6 +211,7 @@ class HealthChecker:
         version, models = await live_facts(self._probes, pool.tls, backend.name, pool.upstream_key, timeout)
         if backend not in pool.members:
             return
+        learn_models(runtime, backend, models)
         found = drift_of(pool.config, version, models)
         report_drift(pool, backend, found, announce=announce)
         backend.drift = tuple(map(str, found))
@@ -214,12 +219,47 @@ class HealthChecker:
         self._metrics.backend_drift.labels(pool.name, backend.name).set(1 if backend.drift else 0)
         judge_context(runtime, pool)
 
+    async def _learn_models(self, runtime: Runtime, pool: Pool, backend: Backend, timeout: float) -> None:
+        """The models and adapters the backend serves now, asked every round: an adapter
+        loaded or unloaded on a server is followed within one interval."""
+        headers = _auth(pool.upstream_key)
+        models = await _get_json(self._probes, pool.tls, backend.name + "/v1/models", headers, timeout)
+        if backend in pool.members:
+            learn_models(runtime, backend, models if isinstance(models, dict) else None)
+
+
+def learn_models(runtime: Runtime, backend: Backend, models: dict[str, Any] | None) -> None:
+    """Keep what the backend's `/v1/models` lists (no usable answer: what it listed last), and
+    the runtime's index of learned adapters when that changed."""
+    if models is None:
+        return
+    entries = served_entries(models)
+    served = frozenset(entries)
+    adapters = served_adapters(entries)
+    if served == backend.served and adapters == backend.adapters:
+        return
+    backend.served = served
+    if adapters != backend.adapters:
+        backend.adapters = adapters
+        reindex_adapters(runtime)
+
+
+def reindex_adapters(runtime: Runtime) -> None:
+    """The runtime's learned adapters, by name, with their parents (router/fleet/adapters.py)."""
+    runtime.fleet.learned_adapters = learned_parents(
+        b for pool in runtime.pools.values() for b in pool.members
+    )
+
+
+def _auth(key: bytes | None) -> dict[str, str]:
+    return {"authorization": "Bearer " + key.decode("latin-1")} if key else {}
+
 
 async def live_facts(
     probes: ProbeClient, tls: UpstreamTls | None, origin: str, key: bytes | None, timeout: float
 ) -> tuple[str | None, dict[str, Any] | None]:
     """A server's `/version` and `/v1/models` (None for either it did not answer usably)."""
-    headers = {"authorization": "Bearer " + key.decode("latin-1")} if key else {}
+    headers = _auth(key)
     version = await _get_json(probes, tls, origin + "/version", headers, timeout)
     models = await _get_json(probes, tls, origin + "/v1/models", headers, timeout)
     live_version = version.get("version") if isinstance(version, dict) else None

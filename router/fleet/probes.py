@@ -76,12 +76,29 @@ async def get_capped(
 ) -> Answer | None:
     """The status and body of a GET; None when it failed, took longer than `timeout` in all,
     sent a body of more than `cap` bytes or a compressed one."""
+    return await send_capped(
+        client, "GET", url, cap=cap, timeout=timeout, headers=headers, extensions=extensions
+    )
+
+
+async def send_capped(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    cap: int,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    extensions: dict[str, Any] | None = None,
+    content: bytes | None = None,
+) -> Answer | None:
+    """`get_capped` for any method, with a body to send."""
     probing = _PROBING.set(True)
     try:
         async with asyncio.timeout(timeout):
             request_headers = {**_IDENTITY, **(headers or {})}
             stream = client.stream(
-                "GET", url, headers=request_headers, timeout=timeout, extensions=extensions
+                method, url, headers=request_headers, timeout=timeout, extensions=extensions, content=content
             )
             async with stream as resp:
                 if resp.headers.get("content-encoding", "identity").lower() != "identity":
@@ -128,6 +145,25 @@ class ProbeClient:
         client = self._client(tls)
         extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
         return await get_capped(client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions)
+
+    async def post(
+        self,
+        tls: UpstreamTls | None,
+        url: str,
+        body: bytes,
+        *,
+        cap: int,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer | None:
+        """A bounded POST of a JSON body (an adapter's load, router/fleet/adapterload.py)."""
+        await self._close_retired()
+        client = self._client(tls)
+        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        sent = {"content-type": "application/json", **(headers or {})}
+        return await send_capped(
+            client, "POST", url, cap=cap, timeout=timeout, headers=sent, extensions=extensions, content=body
+        )
 
     async def status(
         self, tls: UpstreamTls | None, url: str, *, timeout: float, headers: Mapping[str, str] | None = None

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from router.balance import Affinity
+from router.balance.adapter_placement import ADAPTER_PLACEMENT
 from router.errors import Unavailable
+from router.fleet.adapters import AdapterNeed, candidates_for
 from router.fleet.backend import Backend, Health, routable
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
 from router.state.slots.budget import ALONE, Share
@@ -44,7 +46,18 @@ class Ticket:
     """One request's claim on its pool, and what it holds right now. A plain slotted class, not
     a dataclass: one is built per request; compared by identity."""
 
-    __slots__ = ("affinity", "backend", "holds_lane", "lane", "long", "pin", "prefilling", "timer", "tried")
+    __slots__ = (
+        "adapter",
+        "affinity",
+        "backend",
+        "holds_lane",
+        "lane",
+        "long",
+        "pin",
+        "prefilling",
+        "timer",
+        "tried",
+    )
 
     def __init__(
         self,
@@ -63,6 +76,14 @@ class Ticket:
         self.prefilling = False
         self.timer: asyncio.TimerHandle | None = None
         self.pin = pin  # the one backend the request may go to (a stored response's)
+        # The LoRA adapter the request names: only its holders may take it (`for_adapter`).
+        self.adapter: AdapterNeed | None = None
+
+    def for_adapter(self, need: AdapterNeed) -> None:
+        """Send the request only to the adapter's holders, placed by its name
+        (router/balance/adapter_placement.py) whatever the lane's strategy."""
+        self.adapter = need
+        self.affinity = need.key
 
 
 @dataclass(eq=False, slots=True)
@@ -125,10 +146,13 @@ class PoolGate:
                     return None
         # Most tickets are pinned to no backend: the routable ones are theirs.
         pool = self._pool
-        candidates = (
-            routable(pool.backends, ticket.tried) if ticket.pin is None else routable_for(pool, ticket)
-        )
-        backend = choose_backend(candidates, self.limits, ticket.long, lane.balancer, ticket.affinity)
+        if ticket.pin is None and ticket.adapter is None:
+            candidates = routable(pool.backends, ticket.tried)
+            balancer = lane.balancer
+        else:
+            candidates = routable_for(pool, ticket)
+            balancer = lane.balancer if ticket.adapter is None else ADAPTER_PLACEMENT
+        backend = choose_backend(candidates, self.limits, ticket.long, balancer, ticket.affinity)
         if backend is None:
             return None
         charge(ticket, backend)
@@ -278,7 +302,7 @@ class PoolGate:
                     # No backend has room for this length (or none is routable for this ticket).
                     if ticket.long:
                         long_blocked = True
-                    elif not ticket.tried:
+                    elif not ticket.tried and ticket.adapter is None:
                         short_blocked = long_blocked = True
                     kept.append(waiter)
                     continue
@@ -295,16 +319,26 @@ _DOWN: Final = Health.DOWN
 
 def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:
     """The backends the ticket may be sent to now: the pool's routable ones it was not sent to,
-    or only its pinned backend."""
+    or only its pinned backend; for an adapter's request, those that hold it (or may load it)."""
     found = routable(pool.backends, ticket.tried)
     pin = ticket.pin
-    return found if pin is None else [b for b in found if b is pin]
+    if pin is not None:
+        found = [b for b in found if b is pin]
+    need = ticket.adapter
+    return found if need is None else candidates_for(found, need)
 
 
 def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
     """What a request that no backend can take now is told: for one pinned to the backend that
     holds its stored response, that backend's state, not the pool's."""
     pin = ticket.pin
+    need = ticket.adapter
+    if pin is None and need is not None and routable(pool.backends, ticket.tried):
+        return Unavailable(
+            f"no healthy backend of pool {ticket.lane.pool.name!r} holds adapter {need.name!r} now",
+            code="adapter_unavailable",
+            retry_after=_NO_BACKEND_RETRY_AFTER_S,
+        )
     if pin is None:
         return Unavailable(
             f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from router.balance import routes_on_affinity
 from router.config.models import LaneConfig, PoolConfig
+from router.fleet.adapters import AdapterNeed
 from router.observe.leanmetrics import CounterValue
 from router.observe.metrics import RouteMetrics
 
 
 class LaneSettings:
     __slots__ = (
+        "adapters",
         "affinity",
         "by_priority",
         "classified",
@@ -38,6 +40,12 @@ class LaneSettings:
         # The lane refuses requests beyond a prompt or output length (router.lanes.admission).
         self.shaped = lane.max_prompt_tokens is not None or lane.max_output_tokens is not None
         self.models = frozenset(pool.models)  # the model names the pool serves
+        # The pool's adapters by name: their requests go only to backends holding them
+        # (router/fleet/adapters.py); those with a path may be loaded first.
+        self.adapters = {
+            name: AdapterNeed(name, pool.adapter_paths.get(name), name not in pool.adapter_paths)
+            for name in pool.adapters
+        }
         self.max_model_len = pool.vllm.max_model_len
         # The pool's vLLM orders its queue by the request's `priority`.
         self.by_priority = pool.vllm.scheduling_policy == "priority"

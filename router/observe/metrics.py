@@ -163,6 +163,20 @@ class Metrics:
             ["pool"],
             registry=registry,
         )
+        self.adapter_loads = Counter(
+            p + "adapter_loads",
+            "LoRA adapters the router loaded on a backend on demand, by pool and outcome (loaded, failed).",
+            ["pool", "outcome"],
+            registry=registry,
+        )
+        self.adapter_requests = Counter(
+            p + "adapter_requests",
+            "Requests naming a LoRA adapter, by pool and where they went: preferred (the first "
+            "holder in the adapter's rank), spilled (another holder, the first being loaded past "
+            "the bound), loaded (a backend the router loaded it on first).",
+            ["pool", "placement"],
+            registry=registry,
+        )
         self.config_reloads = Counter(
             p + "config_reloads", "Profile reload attempts, by result.", ["result"], registry=registry
         )

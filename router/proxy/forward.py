@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Final
 
+from router.balance.prefix_affinity import rendezvous_score
 from router.errors import (
     RouterError,
     Unavailable,
@@ -24,7 +25,9 @@ from router.errors import (
     UpstreamError,
 )
 from router.fleet import health
+from router.fleet.adapters import AdapterNeed, candidates_for, serves
 from router.fleet.backend import Backend
+from router.fleet.pool import Pool
 from router.lanes.poolgate import PoolGate
 from router.proxy.attempt import Attempt
 from router.proxy.upstream_response import UpstreamResponse
@@ -105,6 +108,9 @@ async def open_response(runtime: Runtime, ex: Attempt, gate: PoolGate) -> Upstre
                 raise last_error from None
             metrics.retries.labels(pool.name).inc()
             ex.record.retries += 1
+        need = ticket.adapter
+        if need is not None:
+            await place_adapter(runtime, pool, backend, need)
         # Without the pool's prefill rate there is no estimate: held until the response starts.
         if not ex.stream and gate.limits.prefill_tokens_per_s is not None:
             _hold_blind_prefill(ex, gate)
@@ -144,6 +150,21 @@ async def open_response(runtime: Runtime, ex: Attempt, gate: PoolGate) -> Upstre
             health.note_success(backend)
         rec.connected_at = time.monotonic()
         return response
+
+
+async def place_adapter(runtime: Runtime, pool: Pool, backend: Backend, need: AdapterNeed) -> None:
+    """Load the request's adapter on its backend first when the profile says where from and the
+    backend does not serve it yet (router/fleet/adapterload.py), and count where it went."""
+    if need.path is not None and not serves(backend, need):
+        await runtime.fleet.adapter_loads.ensure(
+            backend, need, key=pool.upstream_key, tls=pool.tls, timeout=pool.config.read_timeout_s
+        )
+        placement = "loaded"
+    else:
+        holders = candidates_for(pool.routable(), need)
+        first = max(holders, key=lambda b: rendezvous_score(need.key, b.name)) if holders else backend
+        placement = "preferred" if first is backend else "spilled"
+    runtime.metrics.adapter_requests.labels(pool.name, placement).inc()
 
 
 def auth_warning_due(last: float | None, now: float) -> bool:

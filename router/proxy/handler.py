@@ -27,6 +27,7 @@ from router.lanes.slowclient import client_identity
 from router.observe.record import RequestRecord
 from router.observe.tracecontext import NO_CLIENT_TRACE
 from router.proxy import conversation
+from router.proxy.adapters import adapter_of, check_served, learned_route
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
@@ -144,9 +145,14 @@ async def _handle(
         check_key_output(facts, fields.max_tokens)
     if key.models is not None:
         key.allow_model(facts.model)
+    learned = False
     route = runtime.routes.get(facts.model)
     if route is None:
-        raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
+        # An adapter no pool names, which a backend lists with a parent some pool serves.
+        route = learned_route(runtime, facts.model)
+        if route is None:
+            raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
+        learned = True
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts.with_prompt_tokens(facts.prompt_tokens + stored.holder.tokens)
@@ -157,6 +163,10 @@ async def _handle(
     slow = await lookup if lookup is not None else False
     lane, reason = choose_lane(runtime, route, rec, facts, headers, key, slow, stored)
     settings = lane.settings
+    # A request naming an adapter goes only to the backends that hold it (router/proxy/adapters.py).
+    need = adapter_of(lane, facts.model, learned) if learned or settings.adapters else None
+    if need is not None:
+        check_served(lane, need)
     caps = OutputCaps(lane=settings.max_output_tokens, key=fields.max_tokens, context=settings.max_model_len)
     bound = output_bound(facts, caps)
     priority = settings.priority if settings.by_priority and api.engine_fields and api.priority else None
@@ -175,6 +185,8 @@ async def _handle(
         affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
         stored.backend if stored is not None else None,  # positional: the pin
     )
+    if need is not None:
+        ticket.for_adapter(need)
     if form is not None:
         upstream = audio_upstream_body(body, form, facts, bound)
     else:
@@ -263,7 +275,7 @@ def choose_lane(
     rec.cls, rec.reason = lane.cls, reason  # a StrEnum: its name as a str, without the lookup of `.value`
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
-    if facts.model not in settings.models:
+    if facts.model not in settings.models and facts.model not in runtime.fleet.learned_adapters:
         raise NotFound(
             f"model {facts.model!r} is not served by pool {lane.pool.name!r} of lane {lane.name!r}",
             code="model_not_found",

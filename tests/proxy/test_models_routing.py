@@ -33,6 +33,12 @@ def _shape(urls: list[str]) -> dict[str, Any]:
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     async with router_stack(n_backends=4, shape=_shape) as s:
+        # The `fast` pool's server serves the adapter the profile names: the router has seen it listed.
+        s.backends[FAST].adapters["sql-lora"] = "/lora/sql-lora"
+        fast = s.state.runtime.pools["fast"].backends[0]
+        async with asyncio.timeout(10):
+            while "sql-lora" not in (fast.served or ()):
+                await asyncio.sleep(0.02)
         yield s
 
 

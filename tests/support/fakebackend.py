@@ -57,6 +57,14 @@ class FakeBackend:
     healthy: bool = True
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     api: FakeApi = field(default_factory=FakeApi)  # vLLM's other client routes (tests/support/fakeapi.py)
+    # LoRA adapters /v1/models lists (name → path), with the model as their parent; a load
+    # (`POST /v1/load_lora_adapter`) adds one unless `lora_load_status` says otherwise, after
+    # `lora_load_hold` is set when a test holds it.
+    adapters: dict[str, str] = field(default_factory=dict)
+    lora_loads: list[dict[str, str]] = field(default_factory=list)
+    lora_load_auth: list[str | None] = field(default_factory=list)  # each load's authorization
+    lora_load_status: int = 200
+    lora_load_hold: asyncio.Event | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -68,7 +76,11 @@ class FakeBackend:
             await _respond(send, 200 if self.healthy else 503, b"{}")
             return
         if path == "/v1/models":
-            await _respond(send, 200, _models(self.behaviour.model))
+            await _respond(send, 200, _models(self.behaviour.model, self.adapters))
+            return
+        if path == "/v1/load_lora_adapter" and method == "POST":
+            self.lora_load_auth.append(_headers(scope).get("authorization"))
+            await self._load_lora(send, body)
             return
         if path == "/version":
             await _respond(send, 200, orjson.dumps({"version": self.behaviour.version}))
@@ -90,6 +102,23 @@ class FakeBackend:
             raise
         finally:
             self._notify()
+
+    async def _load_lora(self, send: Send, body: bytes) -> None:
+        request = orjson.loads(body)
+        self.lora_loads.append(request)
+        self._notify()
+        if self.lora_load_hold is not None:
+            await self.lora_load_hold.wait()
+        name = request["lora_name"]
+        if self.lora_load_status != 200:
+            message = b'{"error":{"message":"scripted load failure","code":%d}}' % self.lora_load_status
+            await _respond(send, self.lora_load_status, message)
+        elif name in self.adapters:
+            await _respond(send, 400, b'{"error":{"message":"The lora adapter has already been loaded."}}')
+        else:
+            self.adapters[name] = request["lora_path"]
+            await _respond(send, 200, b"Success")
+        self._notify()
 
     def _notify(self) -> None:
         self.changed.set()
@@ -286,10 +315,7 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def _models(model: str) -> bytes:
-    return orjson.dumps(
-        {
-            "object": "list",
-            "data": [{"id": model, "object": "model", "owned_by": "fake", "max_model_len": 2048}],
-        }
-    )
+def _models(model: str, adapters: dict[str, str]) -> bytes:
+    data = [{"id": model, "object": "model", "owned_by": "fake", "max_model_len": 2048, "parent": None}]
+    data += [{"id": a, "object": "model", "root": p, "parent": model} for a, p in adapters.items()]
+    return orjson.dumps({"object": "list", "data": data})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -47,6 +48,19 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--served-model-name", nargs="+", help="model names (default: the preset's)")
     p.add_argument("--api-key", help="require this key on /v1 routes, as vLLM does")
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve, listed in /v1/models with the first served name as parent",
+    )
+    p.add_argument(
+        "--runtime-lora-updating",
+        action="store_true",
+        help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter "
+        "(vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, also honoured here)",
+    )
     for flag, field in _INT_FLAGS.items():
         p.add_argument(flag, dest=field, type=int)
     p.add_argument(
@@ -147,6 +161,21 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def lora_modules(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """`--lora-modules name=path ...`, as vLLM takes them (the JSON form is not taken)."""
+    found = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules takes NAME=PATH, not {item!r}")
+        found.append((name, path))
+    return tuple(found)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
 def build_specs(args: argparse.Namespace) -> list[Any]:
     from router.lab.sim.profile import engine_config
     from router.lab.sim.serve import EngineSpec
@@ -164,7 +193,12 @@ def build_specs(args: argparse.Namespace) -> list[Any]:
     ports = [args.port] if args.port is not None else parse_ports(args.ports)
     config = engine_config(preset, {}, **_overrides(args))
     names = tuple(args.served_model_name or (preset.model,))
-    settings = ServerSettings(served_model_names=names, api_key=args.api_key)
+    settings = ServerSettings(
+        served_model_names=names,
+        api_key=args.api_key,
+        lora_modules=lora_modules(args.lora_modules),
+        runtime_lora=args.runtime_lora_updating or _env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+    )
     return [
         EngineSpec(port=p, config=config, timing=preset.timing, settings=settings, host=args.host)
         for p in ports

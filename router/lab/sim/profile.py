@@ -31,13 +31,29 @@ def pool_api_key(pool: PoolConfig) -> str | None:
     return None
 
 
+# Where the simulator says an adapter the profile names without a path was loaded from.
+SIM_LORA_ROOT = "/sim/lora/"
+
+
+def pool_server(pool: PoolConfig) -> ServerSettings:
+    """What each server of the pool serves: the model and its aliases, the adapters the profile
+    names without a path as `--lora-modules` (the others are the router's to load, at run time)."""
+    modules = tuple((a, SIM_LORA_ROOT + a) for a in pool.adapters if a not in pool.adapter_paths)
+    return ServerSettings(
+        served_model_names=(pool.model, *pool.aliases),
+        api_key=pool_api_key(pool),
+        lora_modules=modules,
+        runtime_lora=bool(pool.adapter_paths),
+    )
+
+
 def profile_specs(profile: ProfileConfig, preset: Preset, **overrides: Any) -> list[EngineSpec]:
     """One spec per backend URL of every pool; the backend's host and port are where it listens.
     A pool that names an upstream key gets it as the simulated server's `--api-key`."""
     specs: list[EngineSpec] = []
     for name, pool in profile.pools.items():
         config = engine_config(preset, pool.vllm.model_dump(), **overrides)
-        settings = ServerSettings(served_model_names=pool.models, api_key=pool_api_key(pool))
+        settings = pool_server(pool)
         for origin in pool.origins:
             parts = urlsplit(origin)
             host = parts.hostname or "127.0.0.1"

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from router.app.asgi import Receive, Scope, Send, answer_lifespan
-from router.errors import BadRequest, RouterError
+from router.errors import BadRequest, NotFound, RouterError
 from router.lab.sim.protocol import (
     ChunkWriter,
     GenerationRequest,
@@ -44,8 +44,14 @@ _METRICS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
+    """`lora_modules`: the LoRA adapters served from the start (`--lora-modules name=path`);
+    `runtime_lora`: `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served, as
+    vLLM serves them under `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`."""
+
     served_model_names: tuple[str, ...] = ("sim-model",)
     api_key: str | None = None
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    runtime_lora: bool = False
 
 
 async def _respond(
@@ -84,6 +90,8 @@ class SimApp:
         self.settings = settings
         self._ids = itertools.count()
         self._prefix = os.urandom(4).hex()
+        # The adapters served now, name → path; an adapter answers as the base model does.
+        self.adapters: dict[str, str] = dict(settings.lora_modules)
         self._routes: dict[str, tuple[tuple[str, ...], Handler]] = {
             "/health": (("GET",), self._health),
             "/ping": (("GET", "POST"), self._health),
@@ -98,6 +106,9 @@ class SimApp:
             "/v1/completions": (("POST",), self._completions),
             "/invocations": (("POST",), self._invocations),
         }
+        if settings.runtime_lora:
+            self._routes["/v1/load_lora_adapter"] = (("POST",), self._load_lora)
+            self._routes["/v1/unload_lora_adapter"] = (("POST",), self._unload_lora)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -169,7 +180,46 @@ class SimApp:
             }
             for name in self.settings.served_model_names
         ]
+        parent = self.settings.served_model_names[0]
+        data += [
+            {
+                "id": name,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": path,
+                "parent": parent,
+                "max_model_len": None,
+            }
+            for name, path in self.adapters.items()
+        ]
         await _respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+
+    async def _load_lora(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's checks, in its order: both fields, no base model's name, not loaded yet."""
+        body = await _read_json(receive)
+        name = body.get("lora_name") if isinstance(body, Mapping) else None
+        path = body.get("lora_path") if isinstance(body, Mapping) else None
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise BadRequest("Both 'lora_name' and 'lora_path' must be provided.")
+        if name in self.settings.served_model_names:
+            raise BadRequest(f"The lora adapter '{name}' conflicts with a served base model.")
+        if name in self.adapters and not body.get("load_inplace"):
+            raise BadRequest(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True."
+            )
+        self.adapters[name] = path
+        await _respond(send, 200, f"Success: LoRA adapter '{name}' added successfully.".encode(), [])
+
+    async def _unload_lora(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_json(receive)
+        name = body.get("lora_name") if isinstance(body, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest("'lora_name' needs to be provided to unload a LoRA adapter.")
+        if self.adapters.pop(name, None) is None:
+            raise NotFound(f"The lora adapter '{name}' cannot be found.")
+        await _respond(send, 200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), [])
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_json(receive)
@@ -216,7 +266,7 @@ class SimApp:
         parsed = parse_generation(
             body,
             kind,
-            served_models=self.settings.served_model_names,
+            served_models=(*self.settings.served_model_names, *self.adapters),
             max_model_len=engine.config.max_model_len,
             priority_enabled=engine.config.scheduling_policy == "priority",
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from router.balance import corrected_load
+from router.balance.adapter_placement import ADAPTER_PLACEMENT
 from router.lanes.admission import PrefillLimits, choose_backend
 from router.lanes.poolgate import Members, PoolGate, Ticket, _Waiter, charge, routable_for
 from router.state.slots.arithmetic import LANE_FULL, NO_ROOM, SETTLING, SlotCounts, TakeRule
@@ -167,7 +168,8 @@ class SharedPoolGate(PoolGate):
         if not seen:
             return []
         lane = ticket.lane
-        first = choose_backend(seen, self.whole, ticket.long, lane.balancer, ticket.affinity)
+        balancer = lane.balancer if ticket.adapter is None else ADAPTER_PLACEMENT
+        first = choose_backend(seen, self.whole, ticket.long, balancer, ticket.affinity)
         rest = sorted(seen, key=lambda s: (s.prefilling, s.in_flight))
         if first is not None:
             rest.remove(first)
@@ -331,7 +333,8 @@ class SharedPoolGate(PoolGate):
                 self._claim(ticket, order, rule, answer)
                 if ticket.long:
                     long_blocked = True
-                elif not ticket.tried:
+                elif not ticket.tried and ticket.adapter is None:
+                    # (a request held to some backends, or to an adapter's, blocks no other)
                     short_blocked = long_blocked = True
             elif waiter.future.done():  # it gave up while Redis answered
                 self._claim_for_nobody(ticket.lane, order, rule, answer)
