@@ -24,6 +24,7 @@ from typing import Any
 from router.fleet.backend import Backend, ConnectionSettings, upstream_idle
 from router.fleet.membership import diff_members
 from router.fleet.pool import Pool
+from router.fleet.probes import ProbeClient
 from router.observe.metrics import Metrics
 from router.proxy.upstream import UpstreamPool
 
@@ -37,6 +38,8 @@ class Fleet:
         self._draining: set[Pool] = set()  # pools with draining backends
         self._retired: list[UpstreamPool] = []  # replaced connection pools, draining
         self._closing: set[asyncio.Task[None]] = set()
+        # Requests of the router's own to backends on a client's behalf (router/proxy/exactcount.py).
+        self.probes = ProbeClient()
 
     @property
     def pending(self) -> bool:
@@ -171,6 +174,7 @@ class Fleet:
         self._draining.clear()
         # No await in a `finally` of this compiled module (docs/compiled.md): waited on every way out.
         try:
+            await self.probes.aclose()
             for backend in draining:
                 await self._forget(backend)
             for upstream in retired:

@@ -73,15 +73,21 @@ async def get_capped(
     timeout: float,
     headers: Mapping[str, str] | None = None,
     extensions: dict[str, Any] | None = None,
+    content: bytes | None = None,
 ) -> Answer | None:
-    """The status and body of a GET; None when it failed, took longer than `timeout` in all,
-    sent a body of more than `cap` bytes or a compressed one."""
+    """The status and body of a GET (a POST of `content` when given); None when it failed, took
+    longer than `timeout` in all, sent a body of more than `cap` bytes or a compressed one."""
     probing = _PROBING.set(True)
     try:
         async with asyncio.timeout(timeout):
             request_headers = {**_IDENTITY, **(headers or {})}
             stream = client.stream(
-                "GET", url, headers=request_headers, timeout=timeout, extensions=extensions
+                "GET" if content is None else "POST",
+                url,
+                headers=request_headers,
+                content=content,
+                timeout=timeout,
+                extensions=extensions,
             )
             async with stream as resp:
                 if resp.headers.get("content-encoding", "identity").lower() != "identity":
@@ -128,6 +134,24 @@ class ProbeClient:
         client = self._client(tls)
         extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
         return await get_capped(client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions)
+
+    async def post(
+        self,
+        tls: UpstreamTls | None,
+        url: str,
+        content: bytes,
+        *,
+        cap: int,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer | None:
+        """A bounded POST, as `get`."""
+        await self._close_retired()
+        client = self._client(tls)
+        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        return await get_capped(
+            client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions, content=content
+        )
 
     async def status(
         self, tls: UpstreamTls | None, url: str, *, timeout: float, headers: Mapping[str, str] | None = None

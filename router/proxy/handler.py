@@ -26,6 +26,7 @@ from router.observe.tracecontext import NO_CLIENT_TRACE
 from router.proxy import conversation
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
+from router.proxy.exactcount import exact_facts, undecided
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.respond import ResponseAborted
@@ -128,7 +129,7 @@ async def _handle(
     if api.multipart:
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
     else:
-        facts = parse_facts(api.endpoint, body, runtime.counter)
+        facts = parse_facts(api.endpoint, body, runtime.counters)
     fields = key.fields
     check_fields(api.endpoint, facts.body, fields)
     if fields.max_tokens is not None:
@@ -137,6 +138,11 @@ async def _handle(
         key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
+    if runtime.counters.get(facts.model).asks_backend:
+        # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
+        pools = runtime.models[facts.model]
+        if undecided(runtime, facts, key, pools):
+            facts = await exact_facts(runtime, facts, pools[0].config.model, pools)
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts.with_prompt_tokens(facts.prompt_tokens + stored.holder.tokens)

@@ -49,7 +49,9 @@ from router.lanes.slowclient import BufferBudget, SlowClients
 from router.observe.metrics import Metrics
 from router.observe.observer import Observer
 from router.proxy.watch import Watchlist
-from router.request.tokens import PromptCosts, PromptCounter, make_counter
+from router.request.tokenizer_source import TokenizerSource
+from router.request.tokens import Counters, PromptCosts, PromptCounter, make_counter
+from router.state.counters import build_counters
 from router.state.redisstores import RedisRateStore, RedisSlowClients
 from router.state.responseids import ResponseIds
 from router.state.shared import SharedState, redis_url
@@ -91,6 +93,9 @@ class Runtime:
     shared: SharedState | None = None
     responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
     observer: Observer = field(default_factory=Observer)  # tracing and the access log, from startup
+    # Each served name's prompt counter (its model's tokenizer), and how each model is counted.
+    counters: Counters = field(default_factory=lambda: Counters({}, make_counter(None)))
+    tokenizers: Mapping[str, TokenizerSource] = field(default_factory=dict)
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
@@ -173,6 +178,9 @@ def build_runtime(
         )
     )
     counter = make_counter(cfg.tokenizer, PromptCosts(**cfg.prompt_costs.model_dump()))
+    counters, tokenizers = build_counters(
+        cfg, env, (previous.counters, previous.tokenizers) if previous is not None else None
+    )
     pool_settings = [_pool_settings(name, pc, env) for name, pc in cfg.pools.items()]
     rp = cfg.classify.repeated_prefix
     prefixes = (
@@ -227,6 +235,8 @@ def build_runtime(
         observer=observer or (previous.observer if previous is not None else Observer()),
         counting=counting,
         watchlist=Watchlist(sc.watch_disconnect_after_s),
+        counters=counters,
+        tokenizers=tokenizers,
     )
 
 
