@@ -166,3 +166,23 @@ def test_hash_key_refuses_an_empty_key(
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "check" in capsys.readouterr().out
+
+
+def test_check_says_how_each_models_prompts_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.request.test_tokenizer_source import model_dir
+
+    snapshot = model_dir(tmp_path / "hub" / "models--org--chat-model" / "snapshots" / "abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["check", str(write(tmp_path, VALID))]) == 0
+
+    out = capsys.readouterr().out
+    counts = out[out.index("prompt counts:") :].splitlines()
+    assert counts[1] == (
+        f"  org/chat-model: tokenizer {snapshot / 'tokenizer.json'} (the Hugging Face cache),"
+        " with its chat template"
+    )
+    assert counts[2] == "  org/batch-model: byte bound; backend /tokenize where it decides a threshold"
