@@ -60,8 +60,6 @@ def thresholds(runtime: Runtime, facts: RequestFacts, key: ApiKey, pools: tuple[
     for pool in pools:
         out.append(pool.gate.limits.long_prompt_tokens)
         out.append(pool.max_model_len)
-        if output:
-            out.append(pool.max_model_len - output)
     limits = key.limits
     if limits is not None and limits.tpm is not None:
         out.append(limits.tpm)

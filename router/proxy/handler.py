@@ -138,7 +138,8 @@ async def _handle(
         key.allow_model(facts.model)
     if facts.model not in runtime.models:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
-    if runtime.counters.get(facts.model).asks_backend:
+    counter = runtime.counters.get(facts.model)
+    if counter.asks_backend and (facts.prompt_tokens >= counter.ask_above or key.limits is not None):
         # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
         pools = runtime.models[facts.model]
         if undecided(runtime, facts, key, pools):

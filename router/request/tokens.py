@@ -151,6 +151,9 @@ class PromptCounter:
         self.chat = chat  # the chat template's exact count, where the model has one
         # The byte bound of a model without a tokenizer: the backends count where it decides.
         self.asks_backend = asks_backend
+        # The shortest prompt length the model's profile decides anything at (a key's tpm aside):
+        # a shorter prompt's bound decides nothing, and is not looked at further.
+        self.ask_above = 0
         # A message's cost beyond its text, by role: the same for every message of a role.
         self._roles: dict[str, int] = {}
 

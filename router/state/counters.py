@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from router.config.models import ProfileConfig
+from router.lanes.admission import PrefillLimits
 from router.request.chattemplate import counter_for
 from router.request.tokenizer_source import TokenizerSource, find_tokenizer
 from router.request.tokens import Counters, PromptCosts, PromptCounter, Utf8ByteCounter
@@ -43,11 +44,27 @@ def build_counters(
                 made[model] = kept
                 continue
         made[model] = counter_for(source, costs)
+    for model, counter in made.items():
+        counter.ask_above = lowest_threshold(cfg, model)
     by_name: dict[str, PromptCounter] = {}
     for pool in cfg.pools.values():
         for name in pool.models:
             by_name.setdefault(name, made[pool.model])
     return Counters(by_name, PromptCounter(Utf8ByteCounter(), costs)), sources
+
+
+def lowest_threshold(cfg: ProfileConfig, model: str) -> int:
+    """The shortest prompt length at which the profile decides something for `model`'s requests:
+    its class, a lane's shape, a pool's long-prompt admission or context (a key's tpm aside)."""
+    pools = {name: pool for name, pool in cfg.pools.items() if pool.model == model}
+    rules = cfg.classify
+    found = [rules.long_context_tokens, rules.repeated_prefix.min_tokens]
+    for lane in cfg.lanes.values():
+        if lane.pool in pools and lane.max_prompt_tokens is not None:
+            found.append(lane.max_prompt_tokens)
+    for pool in pools.values():
+        found += [PrefillLimits.for_pool(pool).long_prompt_tokens, pool.vllm.max_model_len]
+    return min(found)
 
 
 def counting_lines(sources: Mapping[str, TokenizerSource]) -> list[str]:

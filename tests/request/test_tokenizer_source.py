@@ -155,6 +155,7 @@ def test_each_model_and_its_aliases_get_their_counter(tmp_path: Path) -> None:
     assert counters.get("fake-alias") is counters.get("fake-model")
     assert counters.get("fake-model").chat is not None
     assert counters.get("unknown") is counters.default
+    assert counters.get("fake-model").ask_above == 64  # the repeated-prefix length, the lowest
     assert counting_lines(sources) == [
         f"  fake-model: tokenizer {tmp_path / 'tokenizer.json'} (tokenizer), with its chat template"
     ]
