@@ -22,7 +22,7 @@ pools:
     admission: {max_prefilling: 8, max_long_prefilling: 2}
   batch:
     backends: [http://127.0.0.1:8201]
-    model: org/batch-model
+    model: org/chat-model
     vllm: {max_model_len: 32768, max_num_batched_tokens: 8192, max_num_seqs: 32}
 lanes:
   chat: {pool: interactive, priority: 0}
@@ -81,7 +81,7 @@ def test_check_valid_profile_prints_lanes_pools_and_hashes(
         expected = f"server_configuration_hash={server_configuration_hash(pool.vllm, pool.model)}"
         assert expected in hash_lines
     assert all(re.fullmatch(r"server_configuration_hash=sha256:[0-9a-f]{64}", h) for h in hash_lines)
-    assert "org/chat-model" in out and "org/batch-model" in out
+    assert "org/chat-model" in out
 
 
 def test_check_invalid_profile_lists_every_error_path_on_stderr(

@@ -42,6 +42,8 @@ def lanes_report(runtime: Runtime) -> dict[str, Any]:
         "ready": runtime.ready(),
         "lanes": {
             lane.name: {
+                "model": lane.model,
+                "class": lane.cls.value,
                 "pool": lane.pool.name,
                 "balance": lane.config.balance.strategy,
                 "priority": lane.config.priority,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from router.config.models import ALL_CLASSES, ProfileConfig
+from router.config.issue import ConfigIssue
+from router.config.modelchecks import model_rules
+from router.config.models import ProfileConfig
 from router.config.vllm import vllm_rule_violations
 from router.fleet.membership import parse_nameserver
 from router.request.tokenizer_source import TokenizerNotFound, find_tokenizer
@@ -12,20 +12,13 @@ from router.state.counters import model_tokenizer
 from router.state.slots.budget import budgets
 from router.tls.contexts import TlsFileError, client_context
 
-
-@dataclass(frozen=True, slots=True)
-class ConfigIssue:
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+__all__ = ["ConfigIssue", "budget_warnings", "cross_check"]
 
 
 def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     issues += _lanes_name_pools(cfg)
-    issues += _every_class_has_a_lane(cfg)
+    issues += model_rules(cfg)
     issues += _pool_rules(cfg)
     issues += _discovery_rules(cfg)
     issues += _tls_rules(cfg)
@@ -89,14 +82,6 @@ def _lanes_name_pools(cfg: ProfileConfig) -> list[ConfigIssue]:
         ConfigIssue(f"lanes.{cls.value}.pool", f"names unknown pool {lane.pool!r} (pools: {known})")
         for cls, lane in cfg.lanes.items()
         if lane.pool not in cfg.pools
-    ]
-
-
-def _every_class_has_a_lane(cfg: ProfileConfig) -> list[ConfigIssue]:
-    return [
-        ConfigIssue(f"lanes.{cls.value}", "missing: with several pools, every request class needs a lane")
-        for cls in ALL_CLASSES
-        if cls not in cfg.lanes
     ]
 
 

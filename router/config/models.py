@@ -199,6 +199,15 @@ class LaneConfig(Strict):
         return plain_form(value)
 
 
+class ModelConfig(Strict):
+    """One served model's own settings (`models.M`, M a pool's `model`): its lanes, class →
+    lane, for a model whose lanes are not the top-level `lanes:` (router/config/lanemap.py), and
+    how its prompts are counted."""
+
+    lanes: dict[RequestClass, LaneConfig] = Field(default_factory=dict)
+    tokenizer: str | None = Field(None, min_length=1)
+
+
 class RepeatedPrefix(Strict):
     min_tokens: int = Field(512, ge=1)
     seen: int = Field(2, ge=1)
@@ -402,8 +411,11 @@ class ProfileConfig(Strict):
     # replacing the client's, so no tenant's prompts hit another's prefix cache.
     prefix_cache_isolation: Literal["off", "per_key"] = "off"
     pools: dict[Name, PoolConfig] = Field(min_length=1)
-    # With one pool, a class without a lane of its own gets a default lane to that pool.
+    # The lanes of one model (the model of the pools they name). With one pool, a class without
+    # a lane of its own gets a default lane to that pool.
     lanes: dict[RequestClass, LaneConfig] = Field(default_factory=dict)
+    # The other models' lanes and settings, by model name (router/config/lanemap.py).
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
     classify: ClassifyConfig = ClassifyConfig()
     keys: tuple[KeyConfig, ...] = ()
     health: HealthConfig = HealthConfig()
@@ -428,6 +440,16 @@ class ProfileConfig(Strict):
         if not isinstance(pools, dict) or len(pools) != 1 or not isinstance(lanes, dict):
             return data
         (only,) = pools
+        if not lanes and _has_own_lanes(data.get("models"), pools[only]):
+            return data  # the model's lanes are under `models:`
         named = {str(c) for c in lanes}
         filled = {c.value: {"pool": only} for c in ALL_CLASSES if c.value not in named}
         return {**data, "lanes": {**lanes, **filled}} if filled else data
+
+
+def _has_own_lanes(models: Any, pool: Any) -> bool:
+    """Whether `models:` gives the pool's model lanes of its own."""
+    if not isinstance(models, dict) or not isinstance(pool, dict):
+        return False
+    entry = models.get(pool.get("model"))
+    return isinstance(entry, dict) and bool(entry.get("lanes"))

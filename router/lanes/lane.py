@@ -1,7 +1,8 @@
-"""A lane: the requests of one class, with the pool they go to, the balancer that picks a backend
-and the counts admission reads (in flight, waiting). It outlives a reload whenever the profile
-keeps its class (router/state/runtime.py); its settings, as every request reads them, are
-router/lanes/settings.py."""
+"""A lane: the requests of one class of one model, with the pool they go to, the balancer that
+picks a backend and the counts admission reads (in flight, waiting). Its name (its class's for
+the top-level lanes, else `MODEL:CLASS`: router/config/lanemap.py) is its identity: it outlives a
+reload whenever the profile keeps its name (router/state/runtime.py); its settings, as every
+request reads them, are router/lanes/settings.py."""
 
 from __future__ import annotations
 
@@ -28,9 +29,13 @@ class Lane:
     queue_time: HistogramValue
     in_flight: int = 0
     waiting: int = 0
-    name: str = field(init=False)  # the class's name, read several times by every request
+    model: str = ""  # the model it serves (its pools' `model`)
+    name: str = ""  # the lane's name, read several times by every request; unset: its class's
     settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:
-        self.name = self.cls.value
+        if not self.name:
+            self.name = self.cls.value
+        if not self.model:
+            self.model = self.pool.config.model
         self.settings = LaneSettings(self.config, self.pool.config)

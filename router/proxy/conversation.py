@@ -74,9 +74,11 @@ async def find(runtime: Runtime, key: ApiKey, response_id: str) -> Stored:
 
 
 def _lane_on(runtime: Runtime, holder: Holder) -> Lane | None:
-    """The lane of the response's class if it still sends to the response's pool, else any lane
-    that does."""
-    lane = runtime.lanes.get(holder.cls)
+    """The lane of the response's class (of the model of the response's pool) if it still sends
+    to the response's pool, else any lane that does."""
+    pool = runtime.pools.get(holder.pool)
+    route = runtime.routes.get(pool.config.model) if pool is not None else None
+    lane = route.lanes.get(holder.cls) if route is not None else None
     if lane is not None and lane.pool.name == holder.pool:
         return lane
     return next((ln for ln in runtime.lanes.values() if ln.pool.name == holder.pool), None)

@@ -22,6 +22,7 @@ import orjson
 
 from router.fleet.pool import Pool
 from router.keys.auth import ApiKey
+from router.lanes.route import ModelRoute
 from router.request.facts import RequestFacts
 from router.request.tokens import decides, lower_estimate
 from router.state.runtime import Runtime
@@ -49,15 +50,15 @@ _warned: set[str] = set()
 _turn = 0
 
 
-def thresholds(runtime: Runtime, facts: RequestFacts, key: ApiKey, pools: tuple[Pool, ...]) -> list[int]:
-    """The prompt lengths at which something is decided for this request."""
+def thresholds(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: ApiKey) -> list[int]:
+    """The prompt lengths at which something is decided for this request of the route's model."""
     rules = runtime.classify_rules
     out = [rules.long_context_tokens, rules.repeated_prefix_tokens]
     output = facts.output_tokens or 0
-    for lane in runtime.lanes.values():
-        if lane.pool in pools and lane.config.max_prompt_tokens is not None:
+    for lane in route.lanes.values():
+        if lane.config.max_prompt_tokens is not None:
             out.append(lane.config.max_prompt_tokens)
-    for pool in pools:
+    for pool in route.pools:
         out.append(pool.gate.limits.long_prompt_tokens)
         out.append(pool.max_model_len)
     limits = key.limits
@@ -68,13 +69,13 @@ def thresholds(runtime: Runtime, facts: RequestFacts, key: ApiKey, pools: tuple[
     return out
 
 
-def undecided(runtime: Runtime, facts: RequestFacts, key: ApiKey, pools: tuple[Pool, ...]) -> bool:
+def undecided(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: ApiKey) -> bool:
     """Whether the byte bound and its lower estimate straddle a decision, for a prompt the
     backends can count."""
     if facts.endpoint not in _ASKED:
         return False
     upper = facts.prompt_tokens
-    if not decides(lower_estimate(upper), upper, thresholds(runtime, facts, key, pools)):
+    if not decides(lower_estimate(upper), upper, thresholds(runtime, route, facts, key)):
         return False
     return tokenize_body(facts) is not None
 
@@ -104,12 +105,11 @@ def _has_media(messages: list[Any]) -> bool:
     return False
 
 
-async def exact_facts(
-    runtime: Runtime, facts: RequestFacts, model: str, pools: tuple[Pool, ...]
-) -> RequestFacts:
+async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) -> RequestFacts:
     """The facts with the backends' count of the prompt, or as they are when none could count."""
+    model = route.model
     asked = tokenize_body(facts)
-    count = await _ask(runtime, asked, pools, facts.prompt_tokens) if asked is not None else None
+    count = await _ask(runtime, asked, route.pools, facts.prompt_tokens) if asked is not None else None
     counted = runtime.metrics.prompt_counts
     if count is None:
         counted.labels(model, "byte_bound").inc()

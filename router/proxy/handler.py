@@ -20,6 +20,7 @@ from router.lanes.admission import outside_lane_shape
 from router.lanes.classify import REASON_TEXT, Signals, classify, parse_class_header
 from router.lanes.lane import Lane
 from router.lanes.poolgate import Ticket
+from router.lanes.route import ModelRoute
 from router.lanes.slowclient import client_identity
 from router.observe.record import RequestRecord
 from router.observe.tracecontext import NO_CLIENT_TRACE
@@ -136,14 +137,17 @@ async def _handle(
         check_key_output(facts, fields.max_tokens)
     if key.models is not None:
         key.allow_model(facts.model)
-    if facts.model not in runtime.models:
+    route = runtime.routes.get(facts.model)
+    if route is None:
         raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
-    counter = runtime.counters.get(facts.model)
-    if counter.asks_backend and (facts.prompt_tokens >= counter.ask_above or key.limits is not None):
-        # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
-        pools = runtime.models[facts.model]
-        if undecided(runtime, facts, key, pools):
-            facts = await exact_facts(runtime, facts, pools[0].config.model, pools)
+    counter = route.counter
+    # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
+    if (
+        counter.asks_backend
+        and (facts.prompt_tokens >= counter.ask_above or key.limits is not None)
+        and undecided(runtime, route, facts, key)
+    ):
+        facts = await exact_facts(runtime, route, facts)
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts.with_prompt_tokens(facts.prompt_tokens + stored.holder.tokens)
@@ -152,7 +156,7 @@ async def _handle(
     # Only streams are sent to slow_stream: nothing to look up for the others.
     lookup = seen_slow(runtime, facts, headers, key, address) if facts.stream else None
     slow = await lookup if lookup is not None else False
-    lane, reason = choose_lane(runtime, rec, facts, headers, key, slow, stored)
+    lane, reason = choose_lane(runtime, route, rec, facts, headers, key, slow, stored)
     settings = lane.settings
     caps = OutputCaps(lane=settings.max_output_tokens, key=fields.max_tokens, context=settings.max_model_len)
     bound = output_bound(facts, caps)
@@ -162,7 +166,7 @@ async def _handle(
         extra += debug_headers(lane, reason, facts.prompt_tokens, bound)
     rm = settings.route_metrics
     if rm is None:
-        rm = settings.route_metrics = runtime.metrics.route(lane.name, lane.name, lane.pool.name)
+        rm = settings.route_metrics = runtime.metrics.route(lane.cls.value, lane.name, lane.pool.name)
     rec.classified_at = time.monotonic()
     ticket = Ticket(
         lane,
@@ -209,6 +213,7 @@ async def _handle(
 
 def choose_lane(
     runtime: Runtime,
+    route: ModelRoute,
     rec: RequestRecord,
     facts: RequestFacts,
     headers: Headers,
@@ -216,8 +221,8 @@ def choose_lane(
     slow: bool,
     stored: conversation.Stored | None,
 ) -> tuple[Lane, str]:
-    """The request's lane and the reason for its class, checked against the key and the lane's
-    pool and shape, counted and recorded. The lane's name is its class's. The class is decided
+    """The request's lane among its model's (`route`) and the reason for its class, checked
+    against the key and the lane's pool and shape, counted and recorded. The class is decided
     with the signals the router keeps: repeated prefixes and slow clients."""
     rules = runtime.classify_rules
     seen = 0
@@ -231,7 +236,7 @@ def choose_lane(
     if not facts.stream and facts.max_tokens is None:
         # Outside batch, a non-streamed request goes to the default class's lane: the bound the
         # router writes there decides whether it is a large generation.
-        default = runtime.lanes[rules.default_class].settings
+        default = route.lanes[rules.default_class].settings
         caps = OutputCaps(
             lane=default.max_output_tokens, key=key.fields.max_tokens, context=default.max_model_len
         )
@@ -243,7 +248,7 @@ def choose_lane(
         output_tokens=written,
     )
     decision = classify(facts, key, signals, rules)
-    lane = runtime.lanes[decision.cls]
+    lane = route.lanes[decision.cls]
     if stored is not None:
         decision, lane = conversation.follow_lane(decision, lane, stored)
     if key.classes is not None:
@@ -252,9 +257,9 @@ def choose_lane(
     settings = lane.settings
     counted = settings.classified.get(reason)
     if counted is None:
-        counted = settings.classified[reason] = runtime.metrics.classified.labels(lane.name, reason)
+        counted = settings.classified[reason] = runtime.metrics.classified.labels(lane.cls.value, reason)
     counted.inc()
-    rec.cls, rec.reason = lane.name, reason
+    rec.cls, rec.reason = lane.cls, reason  # a StrEnum: its name as a str, without the lookup of `.value`
     rec.lane, rec.pool = lane.name, lane.pool.name
     rec.stream = facts.stream
     if facts.model not in settings.models:
@@ -275,7 +280,7 @@ def debug_headers(
 ) -> list[tuple[bytes, bytes]]:
     """What the router decided, for the client to see when the profile asks for it."""
     out = [
-        (b"x-lane-router-class", lane.name.encode()),
+        (b"x-lane-router-class", lane.cls.value.encode()),
         (b"x-lane-router-lane", lane.name.encode()),
         (b"x-lane-router-reason", reason.encode()),
         (b"x-lane-router-prompt-tokens", b"%d" % prompt_tokens),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from router.config.lanemap import lane_plan
 from router.config.models import ProfileConfig
 from router.lanes.admission import PrefillLimits
 from router.request.chattemplate import counter_for
@@ -15,10 +16,8 @@ from router.request.tokens import Counters, PromptCosts, PromptCounter, Utf8Byte
 
 def model_tokenizer(cfg: ProfileConfig, model: str) -> str | None:
     """`models.<model>.tokenizer`, when the profile names one."""
-    models = getattr(cfg, "models", None)
-    entry = models.get(model) if isinstance(models, Mapping) else None
-    value = getattr(entry, "tokenizer", None)
-    return value if isinstance(value, str) else None
+    entry = cfg.models.get(model)
+    return entry.tokenizer if entry is not None else None
 
 
 def tokenizer_sources(cfg: ProfileConfig, env: Mapping[str, str]) -> dict[str, TokenizerSource]:
@@ -59,9 +58,9 @@ def lowest_threshold(cfg: ProfileConfig, model: str) -> int:
     pools = {name: pool for name, pool in cfg.pools.items() if pool.model == model}
     rules = cfg.classify
     found = [rules.long_context_tokens, rules.repeated_prefix.min_tokens]
-    for lane in cfg.lanes.values():
-        if lane.pool in pools and lane.max_prompt_tokens is not None:
-            found.append(lane.max_prompt_tokens)
+    for planned in lane_plan(cfg):
+        if planned.model == model and planned.config.max_prompt_tokens is not None:
+            found.append(planned.config.max_prompt_tokens)
     for pool in pools.values():
         found += [PrefillLimits.for_pool(pool).long_prompt_tokens, pool.vllm.max_model_len]
     return min(found)

@@ -2,17 +2,18 @@
 `ProfileConfig` and swapped whole on reload (router/state/live.py).
 
 What a reload carries. Counts are facts about servers and lanes, not about the profile: a pool
-is known by its name, a backend by its pool and origin, a lane by its request class, and while
-a reload keeps one it keeps the *same object*, whose settings it replaces in place. So a
-backend keeps its in-flight and prefilling counts, health, drift and upstream connections; a
-pool its admission queue and discovered members; a lane its in-flight count and waiting
-requests. Every request, whichever runtime it started on, counts against the same numbers, so
-no limit is exceeded because of a reload — however many follow one another — and new limits
-apply at once to the requests already counted. Only what changed is built new (a pool, lane or
-backend first named now; a backend's connection pool when the pool's connection settings
-changed), and what a reload drops drains: a backend leaves the rotation at once and is closed
-when idle, a pool no runtime holds any more is closed (router/fleet/fleet.py). A request in flight
-keeps what it holds: its runtime, lane, ticket, backend and connection.
+is known by its name, a backend by its pool and origin, a lane by its name (its class's, or
+MODEL:CLASS: router/config/lanemap.py), and while a reload keeps one it keeps the *same
+object*, whose settings it replaces in place. So a backend keeps its in-flight and prefilling
+counts, health, drift and upstream connections; a pool its admission queue and discovered
+members; a lane its in-flight count and waiting requests. Every request, whichever runtime it
+started on, counts against the same numbers, so no limit is exceeded because of a reload —
+however many follow one another — and new limits apply at once to the requests already counted.
+Only what changed is built new (a pool, lane or backend first named now; a backend's connection
+pool when the pool's connection settings changed), and what a reload drops drains: a backend
+leaves the rotation at once and is closed when idle, a pool no runtime holds any more is closed
+(router/fleet/fleet.py). A request in flight keeps what it holds: its runtime, lane, ticket,
+backend and connection.
 
 A runtime is built in two steps: first everything that may fail (keys, tokenizer, upstream
 keys, the shared state), then the changes to live objects, which cannot — a refused reload
@@ -27,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from router.balance import BalanceHooks, Balancer, make_balancer
+from router.config.lanemap import PlannedLane, lane_plan
 from router.config.models import (
     LaneConfig,
     PoolConfig,
     ProfileConfig,
-    RequestClass,
     ResponseIdsConfig,
     SlowClientConfig,
 )
@@ -44,6 +45,7 @@ from router.lanes.admission import PrefillLimits
 from router.lanes.classify import ClassifyRules
 from router.lanes.lane import Lane
 from router.lanes.prefixes import PrefixHistory
+from router.lanes.route import ModelRoute
 from router.lanes.settings import LaneSettings
 from router.lanes.slowclient import BufferBudget, SlowClients
 from router.observe.metrics import Metrics
@@ -80,10 +82,11 @@ class Runtime:
     keys: KeyRing
     counter: PromptCounter
     pools: Mapping[str, Pool]
-    lanes: Mapping[RequestClass, Lane]
+    lanes: Mapping[str, Lane]  # by lane name
     prefixes: PrefixHistory
     metrics: Metrics
-    models: Mapping[str, tuple[Pool, ...]]
+    models: Mapping[str, tuple[Pool, ...]]  # every name a pool serves → the pools serving it
+    routes: Mapping[str, ModelRoute]  # every name a pool serves → its model's route
     rates: RateStore
     slow_clients: SlowClients
     lag: LagPolicy
@@ -207,7 +210,8 @@ def build_runtime(
     fleet = previous.fleet if previous is not None else Fleet(metrics)
     pools = {s.name: _pool(fleet, s, counting) for s in pool_settings}
     fleet.hold(pools.values())
-    lanes = {cls: _lane(cls, lc, pools[lc.pool], metrics, previous) for cls, lc in cfg.lanes.items()}
+    plan = lane_plan(cfg)
+    lanes = {p.name: _lane(p, pools[p.config.pool], metrics, previous) for p in plan}
     for lane in lanes.values():
         lane.settings.max_model_len = lane.pool.max_model_len  # a live context shorter than the profile's
     fleet.wake_waiters()
@@ -225,6 +229,7 @@ def build_runtime(
         prefixes=prefixes,
         metrics=metrics,
         models=models,
+        routes=_routes(plan, lanes, pools, counters),
         rates=rates,
         slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg, shared),
         lag=LagPolicy.from_config(sc),
@@ -274,22 +279,43 @@ def _buffers(cfg: ProfileConfig, metrics: Metrics) -> BufferBudget:
     return BufferBudget(cfg.slow_clients.max_buffer_bytes, metrics.stream_buffer_bytes.set)
 
 
-def _lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics, previous: Runtime | None) -> Lane:
-    """The class's lane: the previous runtime's, reconfigured, else a new one."""
-    lane = previous.lanes.get(cls) if previous is not None else None
+def _routes(
+    plan: tuple[PlannedLane, ...],
+    lanes: Mapping[str, Lane],
+    pools: Mapping[str, Pool],
+    counters: Counters,
+) -> dict[str, ModelRoute]:
+    """Every name a pool serves (its model, aliases, adapters) → the route of the pool's model."""
+    by_model: dict[str, ModelRoute] = {}
+    for p in plan:
+        route = by_model.get(p.model)
+        if route is None:
+            serving = tuple(pool for pool in pools.values() if pool.config.model == p.model)
+            route = by_model[p.model] = ModelRoute(p.model, {}, counters.get(p.model), serving)
+        route.lanes[p.cls] = lanes[p.name]
+    return {name: by_model[pool.config.model] for pool in pools.values() for name in pool.config.models}
+
+
+def _lane(planned: PlannedLane, pool: Pool, metrics: Metrics, previous: Runtime | None) -> Lane:
+    """The lane of that name: the previous runtime's, reconfigured, else a new one."""
+    lane = previous.lanes.get(planned.name) if previous is not None else None
     if lane is None:
-        return _new_lane(cls, lc, pool, metrics)
-    _reconfigure_lane(lane, lc, pool, metrics)
+        return _new_lane(planned, pool, metrics)
+    _reconfigure_lane(lane, planned.config, pool, metrics)
+    lane.model = planned.model
     return lane
 
 
-def _new_lane(cls: RequestClass, lc: LaneConfig, pool: Pool, metrics: Metrics) -> Lane:
+def _new_lane(planned: PlannedLane, pool: Pool, metrics: Metrics) -> Lane:
+    lc = planned.config
     return Lane(
-        cls=cls,
+        cls=planned.cls,
         config=lc,
         pool=pool,
         balancer=_balancer(lc, pool, metrics),
-        queue_time=metrics.queue_time.labels(cls.value),
+        queue_time=metrics.queue_time.labels(planned.name),
+        model=planned.model,
+        name=planned.name,
     )
 
 

@@ -40,7 +40,7 @@ def valid_profile() -> dict[str, Any]:
             },
             "batch": {
                 "backends": ["http://127.0.0.1:8201"],
-                "model": "org/batch-model",
+                "model": "org/chat-model",
                 "vllm": {"max_model_len": 32768, "max_num_batched_tokens": 8192, "max_num_seqs": 32},
             },
         },

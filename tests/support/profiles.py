@@ -14,6 +14,7 @@ KEYS = {
     "scraper": "scraper-key-0123456789",
     "chat-only": "chat-only-key-0123456789",
     "nightly": "nightly-key-0123456789",
+    "bge-only": "bge-only-key-0123456789",
 }
 UPSTREAM_KEY = "pool-upstream-secret"
 MODEL = "fake-model"
@@ -79,5 +80,36 @@ def profile(interactive: list[str], batch: list[str] | None = None, **top: Any) 
         pool = copy.deepcopy(data["pools"]["interactive"])
         pool["backends"] = batch
         data["pools"]["batch"] = pool
+    data.update(top)
+    return data
+
+
+CHAT_MODEL, EMBED_MODEL, RERANK_MODEL = "llama", "bge", "ranker"
+INTERACTIVE_CLASSES = ("chat", "rag", "agent", "slow_stream")
+BULK_CLASSES = ("long_context", "batch")
+
+
+def multi_model_profile(
+    fast: str, large: str, embed: str, rerank: str | None = None, **top: Any
+) -> dict[str, Any]:
+    """The test profile's keys and timeouts over several models: CHAT_MODEL on pools `fast`
+    (interactive classes; alias `llama-chat`, adapter `sql-lora`) and `large` (the others),
+    EMBED_MODEL on `embed`, RERANK_MODEL on `rerank` (when given), each with one backend; keys
+    `bge-only` (EMBED_MODEL only) besides the test profile's."""
+    data = profile([fast])
+    base = data["pools"].pop("interactive")
+    data["pools"] = {
+        "fast": {**base, "model": CHAT_MODEL, "aliases": ["llama-chat"], "adapters": ["sql-lora"]},
+        "large": {**base, "backends": [large], "model": CHAT_MODEL},
+        "embed": {**base, "backends": [embed], "model": EMBED_MODEL},
+    }
+    if rerank is not None:
+        data["pools"]["rerank"] = {**base, "backends": [rerank], "model": RERANK_MODEL}
+    data["lanes"] = {c: {"pool": "fast"} for c in INTERACTIVE_CLASSES} | {
+        c: {"pool": "large"} for c in BULK_CLASSES
+    }
+    data["keys"] = [k for k in data["keys"] if k["name"] != "chat-only"] + [
+        {"name": "bge-only", "sha256": hash_key(KEYS["bge-only"]), "models": [EMBED_MODEL]}
+    ]
     data.update(top)
     return data

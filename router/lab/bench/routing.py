@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import orjson
 
 from router.balance import corrected_load
-from router.config.models import ProfileConfig, RequestClass
+from router.config.models import ProfileConfig
 from router.errors import RouterError
 from router.keys.auth import ApiKey
 from router.lab.bench.reader import ReadStream, first_lag
@@ -105,7 +105,7 @@ class VirtualRouter:
         identity = self._identity(request_id)
         if decision is None or identity is None:
             return
-        if self.runtime.lanes[RequestClass(decision.lane)].config.decouple:
+        if self.runtime.lanes[decision.lane].config.decouple:
             return
         lagged_at = first_lag(stream, self._piece_bytes, self.runtime.lag.lag_bytes)
         if lagged_at is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.config.lanemap import lane_plan
 from router.config.models import ProfileConfig
 
 
@@ -83,10 +84,11 @@ def budgets(cfg: ProfileConfig, workers: int) -> list[Budget]:
     profile says it runs as several)."""
     shares = [Share(workers, i, cfg.replicas) for i in range(workers)]
     out: list[Budget] = []
-    for cls, lane in cfg.lanes.items():
+    for planned in lane_plan(cfg):
+        lane = planned.config
         if lane.max_in_flight is not None:
             parts = tuple(s.of(lane.max_in_flight) or 0 for s in shares)
-            out.append(Budget(f"lanes.{cls.value}.max_in_flight", lane.max_in_flight, parts))
+            out.append(Budget(f"{planned.path}.max_in_flight", lane.max_in_flight, parts))
     for name, pool in cfg.pools.items():
         adm = pool.admission
         prefill = [prefill_parts(s, adm.max_prefilling, adm.max_long_prefilling) for s in shares]

@@ -1,0 +1,135 @@
+"""Several models behind one router, on loopback in front of recording fake backends: a
+request's model picks its model's lanes and its class the lane, so each model's requests reach
+only the pools serving it; keys' model scopes and `/v1/models` follow; a reload that removes a
+model refuses its requests at once and leaves the other models' streams alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Stack, router_stack
+from tests.support.fakebackend import FakeBackend
+from tests.support.profiles import CHAT_MODEL, EMBED_MODEL, RERANK_MODEL, auth, multi_model_profile
+
+FAST, LARGE, EMBED, RERANK = range(4)
+LONG_PROMPT = "word " * 400  # 2,000 bytes: past the test profile's long_context_tokens (1,000)
+
+
+def _shape(urls: list[str]) -> dict[str, Any]:
+    data = multi_model_profile(*urls)
+    for key in data["keys"]:
+        if key["name"] == "user":
+            key["routes"] = ["chat", "completions", "embeddings", "rerank"]
+    return data
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with router_stack(n_backends=4, shape=_shape) as s:
+        yield s
+
+
+def _chat(model: str, content: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16, **extra}
+
+
+def _only(stack: Stack, index: int, path: str) -> list[str]:
+    """The paths every backend received, asserting only backend `index` received any."""
+    got = {i: [s.path for s in b.seen] for i, b in enumerate(stack.backends) if b.seen}
+    assert set(got) == {index}, got
+    assert got[index] == [path]
+    return got[index]
+
+
+async def test_each_models_requests_reach_only_its_pools(stack: Stack) -> None:
+    cases = [
+        ("/v1/chat/completions", _chat(CHAT_MODEL), FAST, "chat"),
+        ("/v1/chat/completions", _chat("llama-chat"), FAST, "chat"),
+        ("/v1/chat/completions", _chat("sql-lora"), FAST, "chat"),
+        ("/v1/chat/completions", _chat(CHAT_MODEL, LONG_PROMPT), LARGE, "long_context"),
+        ("/v1/embeddings", {"model": EMBED_MODEL, "input": "a text"}, EMBED, "bge:chat"),
+        ("/v1/embeddings", {"model": EMBED_MODEL, "input": LONG_PROMPT}, EMBED, "bge:long_context"),
+        ("/v1/rerank", {"model": RERANK_MODEL, "query": "q", "documents": ["a", "b"]}, RERANK, "ranker:chat"),
+    ]
+    async with stack.client() as client:
+        for path, body, index, lane in cases:
+            for backend in stack.backends:
+                backend.seen.clear()
+            resp = await client.post(path, json=body, headers=auth("user"))
+
+            assert resp.status_code == 200, (body["model"], resp.text)
+            assert resp.headers["x-lane-router-lane"] == lane
+            _only(stack, index, "/rerank" if path == "/v1/rerank" else path)
+
+
+async def test_a_model_no_pool_serves_is_404_and_reaches_nobody(stack: Stack) -> None:
+    async with stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=_chat("mistral"), headers=auth("user"))
+
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "model_not_found"
+    assert stack.forwarded() == 0
+
+
+async def test_a_keys_model_scope_opens_only_its_models(stack: Stack) -> None:
+    async with stack.client() as client:
+        embed = await client.post(
+            "/v1/embeddings", json={"model": EMBED_MODEL, "input": "x"}, headers=auth("bge-only")
+        )
+        chat = await client.post("/v1/chat/completions", json=_chat(CHAT_MODEL), headers=auth("bge-only"))
+        alias = await client.post("/v1/chat/completions", json=_chat("llama-chat"), headers=auth("bge-only"))
+
+    assert embed.status_code == 200
+    assert (chat.status_code, chat.json()["error"]["code"]) == (403, "model_not_allowed")
+    assert (alias.status_code, alias.json()["error"]["code"]) == (403, "model_not_allowed")
+    _only(stack, EMBED, "/v1/embeddings")
+
+
+async def test_models_lists_what_each_key_may_use(stack: Stack) -> None:
+    async with stack.client() as client:
+        every = await client.get("/v1/models", headers=auth("user"))
+        scoped = await client.get("/v1/models", headers=auth("bge-only"))
+
+    assert [m["id"] for m in every.json()["data"]] == sorted(
+        [CHAT_MODEL, "llama-chat", "sql-lora", EMBED_MODEL, RERANK_MODEL]
+    )
+    assert [m["id"] for m in scoped.json()["data"]] == [EMBED_MODEL]
+
+
+async def test_a_reload_removing_a_model_refuses_it_at_once_and_keeps_other_streams(tmp_path: Path) -> None:
+    async with router_stack(n_backends=4, shape=_shape, config_dir=tmp_path) as stack:
+        assert stack.config_path is not None
+        fast: FakeBackend = stack.backends[FAST]
+        hold = fast.behaviour.hold = asyncio.Event()
+        fast.behaviour.tokens = 5
+        async with stack.client() as client:
+            streaming = asyncio.ensure_future(
+                client.post("/v1/chat/completions", json=_chat(CHAT_MODEL, stream=True), headers=auth("user"))
+            )
+            await fast.wait_for(lambda: len(fast.seen) == 1)
+            data = yaml.safe_load(stack.config_path.read_text())
+            data["pools"].pop("embed")
+            aside = stack.config_path.with_suffix(".tmp")
+            aside.write_text(yaml.safe_dump(data))
+            os.replace(aside, stack.config_path)
+            reload = await client.post("/admin/reload", headers=auth("ops"))
+            assert reload.status_code == 200 and reload.json()["result"] == "reloaded"
+
+            gone = await client.post(
+                "/v1/embeddings", json={"model": EMBED_MODEL, "input": "x"}, headers=auth("user")
+            )
+            assert (gone.status_code, gone.json()["error"]["code"]) == (404, "model_not_found")
+            assert not streaming.done()
+            hold.set()
+            resp = await streaming
+
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+        assert resp.text.count("chat.completion.chunk") >= 5
+        assert stack.backends[EMBED].seen == []
