@@ -177,7 +177,16 @@ def test_check_says_how_each_models_prompts_are_counted(
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.chdir(tmp_path)
 
-    assert main(["check", str(write(tmp_path, VALID))]) == 0
+    embed = """\
+  embed:
+    backends: [http://127.0.0.1:8301]
+    model: org/embed-model
+    vllm: {max_model_len: 512, max_num_batched_tokens: 512, max_num_seqs: 32}
+models:
+  org/embed-model: {}
+lanes:
+"""
+    assert main(["check", str(write(tmp_path, VALID.replace("lanes:\n", embed, 1)))]) == 0
 
     out = capsys.readouterr().out
     counts = out[out.index("prompt counts:") :].splitlines()
@@ -185,4 +194,4 @@ def test_check_says_how_each_models_prompts_are_counted(
         f"  org/chat-model: tokenizer {snapshot / 'tokenizer.json'} (the Hugging Face cache),"
         " with its chat template"
     )
-    assert counts[2] == "  org/batch-model: byte bound; backend /tokenize where it decides a threshold"
+    assert counts[2] == "  org/embed-model: byte bound; backend /tokenize where it decides a threshold"

@@ -163,3 +163,26 @@ def test_each_model_and_its_aliases_get_their_counter(tmp_path: Path) -> None:
     assert again.get("fake-model") is counters.get("fake-model")  # a reload keeps a loaded tokenizer
     data["tokenizer"] = "simulator"
     assert isinstance(build_counters(parse_profile(data), {})[0].get("fake-model"), SimulatorCounter)
+
+
+def test_each_model_names_its_own_tokenizer(tmp_path: Path) -> None:
+    from tests.support.profiles import EMBED_MODEL, multi_model_profile
+
+    urls = (
+        "http://127.0.0.1:9101",
+        "http://127.0.0.1:9102",
+        "http://127.0.0.1:9103",
+        "http://127.0.0.1:9104",
+    )
+    data = multi_model_profile(*urls)
+    data.setdefault("models", {}).setdefault(EMBED_MODEL, {})["tokenizer"] = str(model_dir(tmp_path / "bge"))
+    data["tokenizer"] = "utf8-bytes"
+    counters, sources = build_counters(parse_profile(data), {})
+
+    assert sources[EMBED_MODEL].path == tmp_path / "bge" / "tokenizer.json"
+    assert counters.get(EMBED_MODEL).chat is not None
+    assert all(s.how == BY_BYTES for m, s in sources.items() if m != EMBED_MODEL)
+    data["models"][EMBED_MODEL]["tokenizer"] = str(tmp_path / "missing")
+    with pytest.raises(ConfigError) as err:
+        parse_profile(data)
+    assert [issue.path for issue in err.value.issues] == [f"models.{EMBED_MODEL}.tokenizer"]
