@@ -5,6 +5,8 @@ backends on loopback; the fake server's tokenizer is tests/support/fakeapi.py `t
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,8 +14,17 @@ import pytest
 
 from router.keys.auth import hash_key
 from tests.conftest import Stack, router_stack
+from tests.request.test_tokenizer_source import model_dir
 from tests.support.fakeapi import chat_tokens
-from tests.support.profiles import MODEL, UPSTREAM_KEY, auth, profile
+from tests.support.profiles import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    MODEL,
+    UPSTREAM_KEY,
+    auth,
+    multi_model_profile,
+    profile,
+)
 
 LIMITED = "limited-key-0123456789"
 PASSAGE = (
@@ -141,8 +152,52 @@ async def test_a_keys_tpm_judges_the_backends_count() -> None:
     body = {"model": MODEL, "messages": messages, "max_tokens": 100}
     headers = {"authorization": f"Bearer {LIMITED}"}
     async with router_stack(n_backends=1, shape=no_tokenizer) as stack, stack.client() as client:
-        resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+        began = time.monotonic()
+        first = await client.post("/v1/chat/completions", json=body, headers=headers)
+        second = await client.post("/v1/chat/completions", json=body, headers=headers)
+        slack = 3000 / 60 * (time.monotonic() - began) + 1
 
         # Its byte bound alone is more than the key's 3000 tokens a minute.
-        assert resp.status_code == 200
-        assert resp.headers["x-lane-router-prompt-tokens"] == "1500"
+        assert first.status_code == 200
+        assert first.headers["x-lane-router-prompt-tokens"] == "1500"
+        # Reserved: the backend's count and the output bound.
+        assert abs(int(first.headers["x-ratelimit-remaining-tokens"]) - (3000 - 1600)) <= slack
+        # Settled on the usage the backend reported (17 tokens): room for the second reservation.
+        assert second.status_code == 200
+        remaining = int(second.headers["x-ratelimit-remaining-tokens"])
+        assert abs(remaining - (3000 - 17 - 1600)) <= slack
+
+
+async def test_each_model_is_counted_its_own_way(tmp_path: Path) -> None:
+    """The chat model has no tokenizer: its own pools' backends count. The embedding model's
+    tokenizer is in the profile: nothing is asked about it."""
+
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = multi_model_profile(*urls)
+        del data["tokenizer"]
+        data["classify"]["long_context_tokens"] = 6000
+        data["models"] = {EMBED_MODEL: {"tokenizer": str(model_dir(tmp_path / "bge"))}}
+        for key in data["keys"]:
+            if key["name"] == "user":
+                key["routes"] = ["chat", "embeddings"]
+        return data
+
+    messages = rag_messages(1500)
+    async with router_stack(n_backends=3, shape=shape) as stack, stack.client() as client:
+        chat = await client.post(
+            "/v1/chat/completions",
+            json={"model": CHAT_MODEL, "messages": messages, "max_tokens": 16},
+            headers=auth("user"),
+        )
+        embedded = await client.post(
+            "/v1/embeddings", json={"model": EMBED_MODEL, "input": PASSAGE * 60}, headers=auth("user")
+        )
+
+        assert chat.status_code == 200 and embedded.status_code == 200, (chat.text, embedded.text)
+        assert (chat.headers["x-lane-router-class"], chat.headers["x-lane-router-prompt-tokens"]) == (
+            "chat",
+            "1500",
+        )
+        asked = [i for i, b in enumerate(stack.backends) for s in b.seen if s.path == "/tokenize"]
+        assert len(asked) == 1 and asked[0] in (0, 1)  # the chat model's pools: fast, large
+        assert [s.path for s in stack.backends[2].seen] == ["/v1/embeddings"]
