@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from router.config.lanemap import lane_plan, served_models
 from router.config.load import ConfigError, load_profile
 from router.config.models import PoolConfig, ProfileConfig
 from router.config.vllm import server_configuration_hash
@@ -254,13 +255,7 @@ def describe(cfg: ProfileConfig) -> str:
     if len(cfg.pools) == 1:
         (only,) = cfg.pools
         lines += [f"one pool, {only!r}: every request class goes to it", ""]
-    lines.append("lanes:")
-    lines.append(f"  {'class':<13} {'pool':<14} {'balance':<18} {'priority':>8} {'max_in_flight':>13}")
-    for cls, lane in cfg.lanes.items():
-        mif = lane.max_in_flight if lane.max_in_flight is not None else "-"
-        lines.append(
-            f"  {cls.value:<13} {lane.pool:<14} {lane.balance.strategy:<18} {lane.priority:>8} {mif!s:>13}"
-        )
+    lines += _route_table(cfg)
     lines += ["", "pools:"]
     for name, pool in cfg.pools.items():
         v = pool.vllm
@@ -282,6 +277,32 @@ def describe(cfg: ProfileConfig) -> str:
         lines.append(f"    server_configuration_hash={server_configuration_hash(v, pool.model)}")
     lines += ["", f"keys: {len(cfg.keys)}"]
     return "\n".join(lines)
+
+
+def _route_table(cfg: ProfileConfig) -> list[str]:
+    """Each served model's names and pools, then its (model, class) → lane → pool rows."""
+    served = served_models(cfg)
+    lines = ["models:"]
+    for model, pools in served.items():
+        names = [f"{n} (alias)" for p in pools for n in cfg.pools[p].aliases]
+        names += [f"{n} (adapter)" for p in pools for n in cfg.pools[p].adapters]
+        also = f", also as {', '.join(dict.fromkeys(names))}" if names else ""
+        lines.append(f"  {model}: pools {', '.join(pools)}{also}")
+    plan = lane_plan(cfg)
+    mw = max(len("model"), *(len(p.model) for p in plan))
+    lw = max(len("lane"), *(len(p.name) for p in plan))
+    pw = max(len("pool"), *(len(p.config.pool) for p in plan))
+    lines += ["", "routes: (model, class) → lane → pool"]
+    head = f"  {'model':<{mw}} {'class':<13} {'lane':<{lw}} {'pool':<{pw}} {'balance':<18} {'priority':>8}"
+    lines.append(head + f" {'max_in_flight':>13}")
+    for p in plan:
+        lane = p.config
+        mif = lane.max_in_flight if lane.max_in_flight is not None else "-"
+        lines.append(
+            f"  {p.model:<{mw}} {p.cls.value:<13} {p.name:<{lw}} {lane.pool:<{pw}} "
+            f"{lane.balance.strategy:<18} {lane.priority:>8} {mif!s:>13}"
+        )
+    return lines
 
 
 def _backends_source(pool: PoolConfig) -> str:

@@ -73,7 +73,8 @@ def test_check_valid_profile_prints_lanes_pools_and_hashes(
         ("batch", "batch"),
         ("slow_stream", "interactive"),
     ]:
-        assert any(line.split()[:2] == [cls, pool_name] for line in lines if line.strip()), cls
+        row = ["org/chat-model", cls, cls, pool_name]
+        assert any(line.split()[:4] == row for line in lines if line.strip()), cls
     cfg = load_profile(path)
     hash_lines = [line.strip() for line in lines if "server_configuration_hash=" in line]
     assert len(hash_lines) == len(cfg.pools) == 2
@@ -195,3 +196,55 @@ lanes:
         " with its chat template"
     )
     assert counts[2] == "  org/embed-model: byte bound; backend /tokenize where it decides a threshold"
+
+
+MULTI = """\
+pools:
+  chat-fast: {model: llama, aliases: [llama-chat], adapters: [sql-lora], backends: [http://127.0.0.1:8101]}
+  chat-large: {model: llama, backends: [http://127.0.0.1:8102]}
+  embed: {model: bge, backends: [http://127.0.0.1:8103]}
+  rerank: {model: ranker, backends: [http://127.0.0.1:8104]}
+lanes:
+  chat: {pool: chat-fast}
+  rag: {pool: chat-fast}
+  agent: {pool: chat-fast}
+  slow_stream: {pool: chat-fast}
+  long_context: {pool: chat-large}
+  batch: {pool: chat-large}
+models:
+  ranker:
+    lanes: {chat: {pool: rerank, max_in_flight: 8}}
+"""
+
+
+def test_check_prints_each_model_and_class_with_its_lane_and_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", str(write(tmp_path, MULTI))]) == 0
+
+    out = capsys.readouterr().out
+    rows = {tuple(line.split()[:4]) for line in out.splitlines()}
+    classes = ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
+    chat_pools = {"long_context": "chat-large", "batch": "chat-large"}
+    assert {("llama", c, c, chat_pools.get(c, "chat-fast")) for c in classes} <= rows
+    assert {("bge", c, f"bge:{c}", "embed") for c in classes} <= rows
+    assert {("ranker", c, f"ranker:{c}", "rerank") for c in classes} <= rows
+    assert "llama: pools chat-fast, chat-large, also as llama-chat (alias), sql-lora (adapter)" in out
+
+
+def test_check_refuses_a_pool_no_lane_reaches_and_a_class_without_a_lane(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spare = MULTI.replace(
+        "lanes:\n", "  chat-spare: {model: llama, backends: [http://127.0.0.1:8105]}\nlanes:\n", 1
+    )
+    assert main(["check", str(write(tmp_path, spare))]) == 2
+    assert "pools.chat-spare: no lane reaches it" in capsys.readouterr().err
+
+    second = MULTI.replace(
+        "lanes:\n", "  rerank-2: {model: ranker, backends: [http://127.0.0.1:8105]}\nlanes:\n", 1
+    )
+    assert main(["check", str(write(tmp_path, second))]) == 2
+    err = capsys.readouterr().err
+    assert "models.ranker.lanes.batch: missing: model 'ranker' is served by several pools" in err
+    assert "models.ranker.lanes.chat:" not in err

@@ -47,6 +47,8 @@ async def _metrics(state: RouterState, scope: Message, receive: Receive, send: S
 async def _models(state: RouterState, scope: Message, receive: Receive, send: Send) -> None:
     runtime = state.runtime
     key = runtime.keys.authenticate(Headers(scope["headers"]).authorization)
+    # Every name the pools serve that the key may use; as vLLM lists them, an adapter names its
+    # model as its `parent`.
     data = [
         {
             "id": model,
@@ -54,6 +56,8 @@ async def _models(state: RouterState, scope: Message, receive: Receive, send: Se
             "owned_by": "lane-router",
             "created": int(runtime.loaded_at),
             "max_model_len": min(p.max_model_len for p in pools),
+            "root": pools[0].config.model,
+            "parent": pools[0].config.model if model in pools[0].config.adapters else None,
         }
         for model, pools in sorted(runtime.models.items())
         if key.models is None or model in key.models

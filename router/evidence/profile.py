@@ -84,7 +84,14 @@ def decide_profile(
     for cls, lane in cfg.lanes.items():
         pool = cfg.pools[lane.pool]
         target = (targets or {}).get(cls) or lane_target(lane, pool)
-        current = serving_configuration(pool)
-        record = select_record(records, current, target)
-        decisions[cls] = no_evidence() if record is None else decide(record, target, current, slo)
+        decisions[cls] = decide_lane(records, pool, target, slo)
     return decisions
+
+
+def decide_lane(
+    records: list[CapacityEvidenceRecord], pool: PoolConfig, target: Target, slo: SloTargets
+) -> Decision:
+    """The decision on a lane of `pool` whose requests reach `target`."""
+    current = serving_configuration(pool)
+    record = select_record(records, current, target)
+    return no_evidence() if record is None else decide(record, target, current, slo)

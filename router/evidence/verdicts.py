@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from router.config.lanemap import lane_plan
 from router.config.models import ProfileConfig, RequestClass
 from router.evidence.decide import Decision, FinalDecision
-from router.evidence.profile import decide_profile, lane_target
+from router.evidence.profile import decide_lane, lane_target
 from router.evidence.render import render_table
 from router.evidence.store import load_records
 from router.evidence.targets import SloTargets, Target
@@ -20,14 +21,23 @@ class LaneVerdict:
     pool: str
     target: Target
     decision: Decision
+    lane: str  # its name (router/config/lanemap.py)
 
 
 def lane_verdicts(cfg: ProfileConfig, evidence: Path, slo: SloTargets) -> list[LaneVerdict]:
-    decisions = decide_profile(cfg, load_records(evidence), slo)
-    return [
-        LaneVerdict(cls, lane.pool, lane_target(lane, cfg.pools[lane.pool]), decisions[cls])
-        for cls, lane in cfg.lanes.items()
-    ]
+    """A verdict on every lane of every model of `cfg`."""
+    records = list(load_records(evidence))
+    verdicts: list[LaneVerdict] = []
+    for planned in lane_plan(cfg):
+        pool = cfg.pools[planned.config.pool]
+        target = lane_target(planned.config, pool)
+        decision = decide_lane(records, pool, target, slo)
+        verdicts.append(
+            LaneVerdict(
+                cls=planned.cls, pool=planned.config.pool, target=target, decision=decision, lane=planned.name
+            )
+        )
+    return verdicts
 
 
 def admitted(verdicts: list[LaneVerdict], *, allow_conditional: bool) -> bool:
@@ -40,7 +50,7 @@ def verdict_table(verdicts: list[LaneVerdict]) -> str:
     header = ("lane", "pool", "target", "decision", "reason", "retest triggers", "slo missed", "record")
     rows = [
         (
-            v.cls.value,
+            v.lane,
             v.pool,
             f"in≤{v.target.max_input_tokens} out≤{v.target.max_output_tokens} c≤{v.target.concurrency}",
             v.decision.final_decision.value,
@@ -58,5 +68,5 @@ def gap_notes(verdicts: list[LaneVerdict]) -> list[str]:
     lanes: dict[str, list[str]] = {}
     for v in verdicts:
         for gap in v.decision.provenance_gaps:
-            lanes.setdefault(gap.message, []).append(v.cls.value)
+            lanes.setdefault(gap.message, []).append(v.lane)
     return [f"{', '.join(names)}: {message}" for message, names in lanes.items()]

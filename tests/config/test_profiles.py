@@ -12,7 +12,9 @@ import yaml
 
 from router.balance.settings import PrefixAffinitySettings
 from router.cli import main
+from router.config.lanemap import lane_plan, served_models
 from router.config.load import load_profile
+from router.config.models import ALL_CLASSES
 from router.keys.auth import hash_key
 
 PROFILES = Path(__file__).resolve().parents[2] / "config" / "profiles"
@@ -24,6 +26,8 @@ NAMES = (
     "slow-client-isolation",
     "class-aware",
 )
+# The profile of several models beside the six of one model each.
+MULTI = "multi-model"
 BACKENDS = [f"http://127.0.0.1:{port}" for port in range(8101, 8109)]
 ENV_KEYS = (
     "LANE_ROUTER_KEY_TESTER_SHA256",
@@ -58,16 +62,16 @@ def path(name: str) -> Path:
 
 
 def test_the_six_profiles_and_nothing_else() -> None:
-    assert sorted(p.stem for p in PROFILES.glob("*.yaml")) == sorted(NAMES)
+    assert sorted(p.stem for p in PROFILES.glob("*.yaml")) == sorted((*NAMES, MULTI))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", (*NAMES, MULTI))
 def test_lane_router_check_passes(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(path(name))]) == 0
     assert f"profile: {name}  (valid)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", (*NAMES, MULTI))
 def test_intent_comment_and_how_to_make_keys(name: str) -> None:
     text = path(name).read_text()
     assert text.startswith(f"# {name} — ")
@@ -131,3 +135,18 @@ def test_the_profiles_differ_as_the_source_lab_says() -> None:
     assert all(
         lane.balance.strategy == "prefix_affinity" for lane in cfgs["prefix-cache-routing"].lanes.values()
     )
+
+
+def test_the_multi_model_profile_has_a_chat_model_on_two_pools_an_adapter_an_embedder_and_a_reranker() -> (
+    None
+):
+    cfg = load_profile(path(MULTI))
+    plan = {(p.model, p.cls.value): p for p in lane_plan(cfg)}
+    chat, embed, rerank = served_models(cfg)
+
+    assert len({plan[chat, c.value].config.pool for c in ALL_CLASSES}) >= 2
+    assert set(served_models(cfg)[chat]) == {"interactive", "large"}
+    assert all(cfg.pools[p].adapters == ("sql-lora",) for p in served_models(cfg)[chat])
+    for model in (embed, rerank):
+        assert len(served_models(cfg)[model]) == 1
+        assert {plan[model, c.value].name for c in ALL_CLASSES} == {f"{model}:{c.value}" for c in ALL_CLASSES}

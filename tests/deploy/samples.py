@@ -26,7 +26,8 @@ def example_data() -> dict[str, Any]:
 
 
 def small(**pools: dict[str, Any]) -> dict[str, Any]:
-    """Two pools, `chat` (two backends) and `bulk` (one); keyword arguments update a pool's block."""
+    """Two pools, `chat` (two backends) and `bulk` (one), each its own model's; keyword arguments
+    update a pool's block."""
     data: dict[str, Any] = {
         "profile": "small",
         "pools": {
@@ -50,9 +51,9 @@ def small(**pools: dict[str, Any]) -> dict[str, Any]:
             "agent": {"pool": "chat"},
             "rag": {"pool": "chat", "balance": "prefix_affinity"},
             "slow_stream": {"pool": "chat", "decouple": True},
-            "long_context": {"pool": "bulk"},
-            "batch": {"pool": "bulk"},
         },
+        # The bulk model's own lanes; its other classes, and the chat model's, get default lanes.
+        "models": {"org/bulk": {"lanes": {"long_context": {"pool": "bulk"}, "batch": {"pool": "bulk"}}}},
         "keys": [
             {"name": "app", "sha256": HASH},
             {"name": "ops", "sha256_env": "OPS_SHA256", "admin": True},

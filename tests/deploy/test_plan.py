@@ -25,7 +25,9 @@ def test_pools_that_would_deploy_under_one_name_are_refused() -> None:
     data = small()
     data["pools"]["bulk_a"] = data["pools"].pop("bulk")
     data["pools"]["bulk.a"] = {**data["pools"]["bulk_a"], "backends": ["http://other:1"]}
-    data["lanes"]["batch"]["pool"] = data["lanes"]["long_context"]["pool"] = "bulk_a"
+    classes = ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
+    lanes = {c: {"pool": "bulk_a" if c in ("long_context", "batch") else "bulk.a"} for c in classes}
+    data["models"]["org/bulk"]["lanes"] = lanes
 
     with pytest.raises(RenderError, match=re.escape("'bulk_a' and 'bulk.a' both deploy as 'vllm-bulk-a'")):
         plan_pools(cfg(data), "gpu")

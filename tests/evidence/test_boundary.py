@@ -11,7 +11,7 @@ from tests.evidence.factories import profile_a
 def _profile(keys: list[dict[str, object]], pool_key: bool = True) -> ProfileConfig:
     pools: dict[str, dict[str, object]] = {
         "fast": {"backends": ["http://127.0.0.1:9001"], "model": "m-fast"},
-        "bulk": {"backends": ["http://127.0.0.1:9002"], "model": "m-bulk"},
+        "bulk": {"backends": ["http://127.0.0.1:9002"], "model": "m-fast"},
     }
     if pool_key:
         pools["fast"]["upstream_api_key_env"] = "FAST_KEY"

@@ -136,3 +136,19 @@ def test_a_branch_name_revision_defers_every_lane_and_says_why(
         )
     assert main(_serve(profile, store)) == 3
     assert "refusing to start" in capsys.readouterr().err
+
+
+def test_check_judges_every_lane_of_every_model(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = _write_profile(tmp_path, config_a(), 8)
+    data = yaml.safe_load(profile.read_text())
+    data["pools"]["embed"] = {"backends": ["http://127.0.0.1:8102"], "model": "bge"}
+    profile.write_text(yaml.safe_dump(data))
+
+    assert main(["check", str(profile), "--evidence", str(store)]) == 3
+    table = capsys.readouterr().out.split("evidence:")[1]
+    rows = {line.split()[0]: line for line in table.splitlines() if line}
+    for cls in RequestClass:
+        assert " PASS " in rows[cls.value]
+        assert " DEFER " in rows[f"bge:{cls.value}"] and "no_evidence" in rows[f"bge:{cls.value}"]

@@ -15,7 +15,7 @@ from router.config.models import ALL_CLASSES
 from router.keys.auth import hash_key, new_key
 from router.lab.sim.cli import DEFAULT_PRESET
 from router.lab.sim.timing import StepTimeModel, load_preset
-from tests.config.test_profiles import BACKENDS, ENV_KEYS, NAMES, path
+from tests.config.test_profiles import BACKENDS, ENV_KEYS, MULTI, NAMES, path
 from tests.lab.simstack import sim_stack
 
 
@@ -97,3 +97,51 @@ async def _ok(client: httpx.AsyncClient, headers: dict[str, str], body: dict[str
     else:
         assert resp.json()["choices"][0]["message"]["content"]
     return resp
+
+
+CHAT_MODEL, EMBED_MODEL, RERANK_MODEL = (
+    "meta-llama/Meta-Llama-3-8B-Instruct",
+    "BAAI/bge-base-en-v1.5",
+    "BAAI/bge-reranker-v2-m3",
+)
+
+
+async def test_the_multi_model_profile_sends_each_name_to_its_models_lanes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = {var: new_key() for var in ENV_KEYS}
+    for var, key in keys.items():
+        monkeypatch.setenv(var, hash_key(key))
+    data = yaml.safe_load(path(MULTI).read_text())
+    data["debug_headers"] = True
+    tester = {"authorization": f"Bearer {keys['LANE_ROUTER_KEY_TESTER_SHA256']}"}
+    web = {"authorization": f"Bearer {keys['LANE_ROUTER_KEY_WEB_SHA256']}"}
+
+    def chat(model: str, text: str = "Hello!", **extra: Any) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8, **extra}
+
+    long_text = "word " * 10_500
+    cases = [
+        (chat(CHAT_MODEL, stream=True), "chat", "interactive"),
+        (chat("llama", stream=True), "chat", "interactive"),
+        (chat("llama", long_text), "long_context", "large"),
+        (chat(CHAT_MODEL, max_tokens=256), "batch", "large"),
+        (chat(EMBED_MODEL, stream=True), f"{EMBED_MODEL}:chat", "embed"),
+        (chat(RERANK_MODEL, stream=True), f"{RERANK_MODEL}:chat", "rerank"),
+        (chat(RERANK_MODEL, max_tokens=256), f"{RERANK_MODEL}:batch", "rerank"),
+    ]
+    async with sim_stack(data, timing=FAST) as stack, stack.client() as client:
+        lanes = stack.state.runtime.lanes
+        for body, lane, pool in cases:
+            resp = await _ok(client, tester, body)
+            assert resp.headers["x-lane-router-lane"] == lane, body["model"]
+            assert lanes[lane].pool.name == pool and lanes[lane].model in (
+                CHAT_MODEL,
+                EMBED_MODEL,
+                RERANK_MODEL,
+            )
+        listed = await client.get("/v1/models", headers=web)
+        refused = await client.post("/v1/chat/completions", json=chat(EMBED_MODEL), headers=web)
+
+    assert [m["id"] for m in listed.json()["data"]] == sorted([CHAT_MODEL, "llama", "sql-lora"])
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "model_not_allowed")

@@ -101,6 +101,8 @@ async def test_models_lists_what_each_key_may_use(stack: Stack) -> None:
         [CHAT_MODEL, "llama-chat", "sql-lora", EMBED_MODEL, RERANK_MODEL]
     )
     assert [m["id"] for m in scoped.json()["data"]] == [EMBED_MODEL]
+    parents = {m["id"]: (m["root"], m["parent"]) for m in every.json()["data"]}
+    assert parents["sql-lora"] == (CHAT_MODEL, CHAT_MODEL) and parents["llama-chat"] == (CHAT_MODEL, None)
 
 
 async def test_a_reload_removing_a_model_refuses_it_at_once_and_keeps_other_streams(tmp_path: Path) -> None:
@@ -133,3 +135,18 @@ async def test_a_reload_removing_a_model_refuses_it_at_once_and_keeps_other_stre
         assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
         assert resp.text.count("chat.completion.chunk") >= 5
         assert stack.backends[EMBED].seen == []
+
+
+async def test_the_admin_api_lists_every_lane_with_its_model_and_class(stack: Stack) -> None:
+    async with stack.client() as client:
+        lanes = (await client.get("/admin/lanes", headers=auth("ops"))).json()["lanes"]
+
+    assert lanes["chat"] | {"model": CHAT_MODEL, "class": "chat", "pool": "fast"} == lanes["chat"]
+    assert lanes["long_context"]["pool"] == "large"
+    assert {
+        name: (lane["model"], lane["class"], lane["pool"]) for name, lane in lanes.items() if ":" in name
+    } == {
+        f"{model}:{cls}": (model, cls, pool)
+        for model, pool in ((EMBED_MODEL, "embed"), (RERANK_MODEL, "rerank"))
+        for cls in ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
+    }
