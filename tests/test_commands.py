@@ -195,7 +195,10 @@ lanes:
         f"  org/chat-model: tokenizer {snapshot / 'tokenizer.json'} (the Hugging Face cache),"
         " with its chat template"
     )
-    assert counts[2] == "  org/embed-model: byte bound; backend /tokenize where it decides a threshold"
+    assert counts[2] == (
+        "  org/embed-model: byte bound; backend /tokenize where it decides a threshold"
+        " (chat, completions, embeddings)"
+    )
 
 
 MULTI = """\

@@ -5,9 +5,9 @@ eighth of it. When the two fall on either side of something the prompt's length 
 class threshold, the repeated-prefix length, a lane's `max_prompt_tokens`, a pool's long-prompt
 admission threshold or context length, the key's tpm — the router asks a healthy backend of the
 model's pools `POST /tokenize` (the body's messages, tools and template settings, which vLLM
-renders through the model's chat template; or the completions prompt), bounded in time and in
-bytes, with the pool's upstream key. Its count then decides. A backend that cannot count (an
-error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
+renders through the model's chat template; or the completions prompt, the embeddings input),
+bounded in time and in bytes, with the pool's upstream key. Its count then decides. A backend
+that cannot count (an error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
 `lane_router_prompt_counts_total{model,how="byte_bound"}` and logged once per model.
 
 Prompts with media are not asked about: their placeholders are counted by the bound's costs.
@@ -43,7 +43,7 @@ _CHAT_FIELDS: Final = (
     "chat_template_kwargs",
     "documents",
 )
-_ASKED: Final = frozenset({"chat", "completions"})
+_ASKED: Final = frozenset({"chat", "completions", "embeddings"})
 _TEXT_PARTS: Final = frozenset({"text", "input_text", "refusal", "thinking"})
 
 _warned: set[str] = set()
@@ -83,8 +83,8 @@ def undecided(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: Api
 def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
     """What vLLM's `/tokenize` takes for this request's prompt; None when it cannot say."""
     body = facts.body
-    if facts.endpoint == "completions":
-        prompt = body.get("prompt")
+    if facts.endpoint in ("completions", "embeddings"):
+        prompt = body.get("prompt" if facts.endpoint == "completions" else "input")
         if not isinstance(prompt, str) or "suffix" in body:
             return None
         return {"model": facts.model, "prompt": prompt}

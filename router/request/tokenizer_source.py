@@ -48,7 +48,9 @@ class TokenizerSource:
             chat = "with its chat template" if self.template else "no chat template: per-message bound"
             return f"tokenizer {self.path} ({self.found}), {chat}"
         if self.how == BY_BACKEND:
-            return "byte bound; backend /tokenize where it decides a threshold"
+            return (
+                "byte bound; backend /tokenize where it decides a threshold (chat, completions, embeddings)"
+            )
         if self.how == BY_SIMULATOR:
             return "the simulator's rule (4 characters a token)"
         return "byte bound (utf8-bytes, as configured)"

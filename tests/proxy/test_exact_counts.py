@@ -135,12 +135,14 @@ async def test_a_prompt_no_threshold_straddles_is_not_asked_about() -> None:
         assert tokenize_calls(stack) == []
 
 
-async def test_a_completions_prompt_is_asked_about_as_a_prompt() -> None:
+@pytest.mark.parametrize(("path", "field"), [("/v1/completions", "prompt"), ("/v1/embeddings", "input")])
+async def test_a_completions_prompt_or_embeddings_input_is_asked_about_as_a_prompt(
+    path: str, field: str
+) -> None:
     prompt = "x" * 3000  # the fake server counts its bytes: 3000, over the pool's long-prompt threshold
+    body = {"model": MODEL, field: prompt, **({"max_tokens": 4} if field == "prompt" else {})}
     async with router_stack(n_backends=1, shape=no_tokenizer) as stack, stack.client() as client:
-        resp = await client.post(
-            "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4}, headers=auth("user")
-        )
+        resp = await client.post(path, json=body, headers={**auth("user")})
 
         assert resp.status_code == 200
         assert tokenize_calls(stack) == [{"model": MODEL, "prompt": prompt}]
