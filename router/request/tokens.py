@@ -31,10 +31,10 @@ CHARS_PER_TOKEN: Final = 4
 
 UTF8_BYTES: Final = "utf8-bytes"
 SIMULATOR: Final = "simulator"
-# A lower estimate of a byte-bound count: no byte-level BPE tokenizer makes tokens of fewer than
-# 8 bytes on average of ordinary text (English is about 4). Below it is the side where the router
-# overcounts, never the side where it undercounts: a prompt whose estimate lies above a threshold
-# is judged above it without asking.
+# A lower estimate of a byte-bound count: a byte-level BPE tokenizer's tokens of ordinary text
+# average well under 8 bytes (English about 4, CJK 2 to 3). It is an estimate, not a bound: a
+# prompt of longer tokens (long runs of one character) is judged above a threshold its estimate
+# passes without asking — the router counts more there, never less.
 LOWER_BYTES_PER_TOKEN: Final = 8
 
 
