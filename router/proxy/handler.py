@@ -144,7 +144,10 @@ async def _handle(
     # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
     if (
         counter.asks_backend
-        and (facts.prompt_tokens >= counter.ask_above or key.limits is not None)
+        and (
+            facts.prompt_tokens >= counter.ask_above
+            or (key.limits is not None and key.limits.tpm is not None)
+        )
         and undecided(runtime, route, facts, key)
     ):
         facts = await exact_facts(runtime, route, facts)
