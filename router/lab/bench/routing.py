@@ -130,7 +130,10 @@ class VirtualRouter:
             self.key.allow_class(decision.cls)
         except RouterError:
             return None
-        lane = runtime.lanes[decision.cls]
+        route = runtime.routes.get(facts.model)
+        if route is None:
+            return None  # the router answers 404 model_not_found
+        lane = route.lanes[decision.cls]
         self.decisions[req.request_id] = Decision(
             decision.cls.value, decision.reason.value, lane.name, lane.pool.name
         )
