@@ -251,3 +251,24 @@ def test_check_refuses_a_pool_no_lane_reaches_and_a_class_without_a_lane(
     err = capsys.readouterr().err
     assert "models.ranker.lanes.batch: missing: model 'ranker' is served by several pools" in err
     assert "models.ranker.lanes.chat:" not in err
+
+
+def test_serve_says_how_each_models_prompts_are_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from router.server import build_app
+    from router.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = write(tmp_path, VALID)
+    with caplog.at_level(logging.INFO, logger="lane_router"):
+        build_app(Settings(config=path))
+
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts of")]
+    assert said == [
+        "prompts of org/chat-model: byte bound; backend /tokenize where it decides a threshold"
+        " (chat, completions, embeddings)"
+    ]
