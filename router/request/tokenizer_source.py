@@ -5,7 +5,7 @@ name as a local directory holding `tokenizer.json`, then the Hugging Face cache
 (`HF_HUB_CACHE`, else `HF_HOME`/hub, else ~/.cache/huggingface/hub:
 `models--ORG--NAME/snapshots/*/tokenizer.json`). A configured path is a `tokenizer.json` or a
 directory holding one; `utf8-bytes` and `simulator` name the two rules without a tokenizer. A
-`chat_template` beside it (tokenizer_config.json, or chat_template.jinja) counts chat prompts as
+`chat_template` beside it (chat_template.jinja, else tokenizer_config.json's) counts chat prompts as
 vLLM renders them. Nothing found: the byte bound, made exact by the backends' `/tokenize` where
 it decides something (router/proxy/exactcount.py).
 """
@@ -132,15 +132,16 @@ def _chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
         config = loaded if isinstance(loaded, dict) else {}
     except (OSError, ValueError):
         pass
-    template = config.get("chat_template")
+    # A chat_template.jinja file comes first, as transformers loads it.
+    try:
+        template: Any = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    except OSError:
+        template = config.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     if not isinstance(template, str):
-        try:
-            template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
-        except OSError:
-            template = None
+        template = None
     special: dict[str, str] = {}
     for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = config.get(name)

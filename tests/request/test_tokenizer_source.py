@@ -186,3 +186,10 @@ def test_each_model_names_its_own_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         parse_profile(data)
     assert [issue.path for issue in err.value.issues] == [f"models.{EMBED_MODEL}.tokenizer"]
+
+
+def test_a_chat_template_file_comes_before_the_configs(tmp_path: Path) -> None:
+    where = model_dir(tmp_path)
+    (where / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+
+    assert find_tokenizer("m", str(where), None, {}).template == "{{ messages[0]['content'] }}"
