@@ -10,7 +10,8 @@ bounded in time and in bytes, with the pool's upstream key. Its count then decid
 that cannot count (an error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
 `lane_router_prompt_counts_total{model,how="byte_bound"}` and logged once per model.
 
-Prompts with media are not asked about: their placeholders are counted by the bound's costs.
+Prompts with media are not asked about (their placeholders are counted by the bound's costs),
+nor chats with `documents`, which vLLM's tokenize request does not take.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ _CHAT_FIELDS: Final = (
     "add_special_tokens",
     "chat_template",
     "chat_template_kwargs",
-    "documents",
 )
 _ASKED: Final = frozenset({"chat", "completions", "embeddings"})
 _TEXT_PARTS: Final = frozenset({"text", "input_text", "refusal", "thinking"})
@@ -88,7 +88,8 @@ def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
         if not isinstance(prompt, str) or "suffix" in body:
             return None
         return {"model": facts.model, "prompt": prompt}
-    if facts.endpoint != "chat" or _has_media(body["messages"]):
+    # vLLM's tokenize request has no `documents`: it would count them out.
+    if facts.endpoint != "chat" or "documents" in body or _has_media(body["messages"]):
         return None
     asked: dict[str, Any] = {"model": facts.model, "messages": body["messages"]}
     for name in _CHAT_FIELDS:

@@ -203,3 +203,24 @@ async def test_each_model_is_counted_its_own_way(tmp_path: Path) -> None:
         asked = [i for i, b in enumerate(stack.backends) for s in b.seen if s.path == "/tokenize"]
         assert len(asked) == 1 and asked[0] in (0, 1)  # the chat model's pools: fast, large
         assert [s.path for s in stack.backends[2].seen] == ["/v1/embeddings"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"documents": [{"title": "t", "text": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+    ],
+    ids=["documents", "media"],
+)
+async def test_what_tokenize_cannot_count_keeps_the_byte_bound(extra: dict[str, Any]) -> None:
+    messages = rag_messages(1500)
+    if "messages" in extra:
+        extra = {"messages": messages + extra["messages"]}
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, **extra}
+    async with router_stack(n_backends=1, shape=no_tokenizer) as stack, stack.client() as client:
+        resp = await client.post("/v1/chat/completions", json=body, headers=auth("user"))
+
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-lane-router-class"] == "long_context"
+        assert tokenize_calls(stack) == []
