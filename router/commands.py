@@ -17,6 +17,8 @@ from router.config.vllm import server_configuration_hash
 from router.evidence.records import EvidenceError
 from router.keys.auth import hash_key, new_key
 from router.keys.hygiene import is_loopback, key_issues, refusal, warning
+from router.request.tokenizer_source import TokenizerNotFound
+from router.state.counters import counting_lines, tokenizer_sources
 from router.state.slots.report import budget_lines
 
 
@@ -224,6 +226,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print(describe(cfg))
+    try:
+        sources = tokenizer_sources(cfg, os.environ)
+    except TokenizerNotFound as err:  # gone since the profile was checked
+        print(f"lane-router check: {err}", file=sys.stderr)
+        return 2
+    print("\nprompt counts:\n" + "\n".join(counting_lines(sources)))
     workers = args.workers or 1
     if workers < 1:
         print("lane-router check: --workers must be at least 1", file=sys.stderr)

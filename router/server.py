@@ -32,8 +32,9 @@ from router.observe.metrics import Metrics
 from router.observe.observer import Observer, build_observer
 from router.proxy.respond import ResponseAborted
 from router.settings import Settings
+from router.state.counters import counting_lines
 from router.state.live import RouterState
-from router.state.runtime import build_runtime
+from router.state.runtime import Runtime, build_runtime
 from router.supervisor.workerlink import FILE_TRIGGER, SIGHUP_TRIGGER, WorkerSide, WorkerState
 from router.supervisor.workermetrics import MetricsApp
 from router.supervisor.workers import bind, supervise
@@ -223,6 +224,12 @@ def warn_of_parts(cfg: ProfileConfig, workers: int) -> None:
         log.warning("%s", issue)
 
 
+def log_counting(runtime: Runtime) -> None:
+    """How each model's prompts are counted, once at the start."""
+    for line in counting_lines(runtime.tokenizers):
+        log.info("prompts of %s", line.strip())
+
+
 def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: ServingTls | None = None) -> Any:
     path = settings.config
     if cfg is None:
@@ -230,10 +237,14 @@ def build_app(settings: Settings, cfg: ProfileConfig | None = None, tls: Serving
             raise ValueError("no profile: pass --config FILE or set LANE_ROUTER_CONFIG")
         cfg = load_profile(path)
     if not settings.is_worker:
-        return make_app(build_state(cfg, path, settings.host, build_observer(settings), tls), settings)
+        state = build_state(cfg, path, settings.host, build_observer(settings), tls)
+        log_counting(state.runtime)
+        return make_app(state, settings)
     worker = WorkerSide.of(settings)
     runtime = build_runtime(cfg, worker.metrics, worker=worker.share, observer=build_observer(settings))
     host, link, index = settings.host, worker.link, worker.share.index
+    if index == 0:
+        log_counting(runtime)
     state = WorkerState(runtime, worker.metrics, path, bind_host=host, link=link, worker=index, tls=tls)
     app = LaneRouterApp(state, lifespan=lambda: background(state, settings, worker))
     return MetricsApp(app, worker.peers)

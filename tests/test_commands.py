@@ -169,6 +169,38 @@ def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) ->
     assert "check" in capsys.readouterr().out
 
 
+def test_check_says_how_each_models_prompts_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.request.test_tokenizer_source import model_dir
+
+    snapshot = model_dir(tmp_path / "hub" / "models--org--chat-model" / "snapshots" / "abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+
+    embed = """\
+  embed:
+    backends: [http://127.0.0.1:8301]
+    model: org/embed-model
+    vllm: {max_model_len: 512, max_num_batched_tokens: 512, max_num_seqs: 32}
+models:
+  org/embed-model: {}
+lanes:
+"""
+    assert main(["check", str(write(tmp_path, VALID.replace("lanes:\n", embed, 1)))]) == 0
+
+    out = capsys.readouterr().out
+    counts = out[out.index("prompt counts:") :].splitlines()
+    assert counts[1] == (
+        f"  org/chat-model: tokenizer {snapshot / 'tokenizer.json'} (the Hugging Face cache),"
+        " with its chat template"
+    )
+    assert counts[2] == (
+        "  org/embed-model: byte bound; backend /tokenize where it decides a threshold"
+        " (chat, completions, embeddings)"
+    )
+
+
 MULTI = """\
 pools:
   chat-fast: {model: llama, aliases: [llama-chat], adapters: [sql-lora], backends: [http://127.0.0.1:8101]}
@@ -219,3 +251,24 @@ def test_check_refuses_a_pool_no_lane_reaches_and_a_class_without_a_lane(
     err = capsys.readouterr().err
     assert "models.ranker.lanes.batch: missing: model 'ranker' is served by several pools" in err
     assert "models.ranker.lanes.chat:" not in err
+
+
+def test_serve_says_how_each_models_prompts_are_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from router.server import build_app
+    from router.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = write(tmp_path, VALID)
+    with caplog.at_level(logging.INFO, logger="lane_router"):
+        build_app(Settings(config=path))
+
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts of")]
+    assert said == [
+        "prompts of org/chat-model: byte bound; backend /tokenize where it decides a threshold"
+        " (chat, completions, embeddings)"
+    ]

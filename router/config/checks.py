@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from router.config.issue import ConfigIssue
 from router.config.modelchecks import model_rules
 from router.config.models import ProfileConfig
 from router.config.vllm import vllm_rule_violations
 from router.fleet.membership import parse_nameserver
-from router.request.tokens import SIMULATOR, UTF8_BYTES
+from router.request.tokenizer_source import TokenizerNotFound, find_tokenizer
+from router.state.counters import model_tokenizer
 from router.state.slots.budget import budgets
 from router.tls.contexts import TlsFileError, client_context
 
@@ -31,13 +30,12 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
 
 def _token_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
-    if cfg.tokenizer not in (UTF8_BYTES, SIMULATOR) and not Path(cfg.tokenizer).is_file():
-        issues.append(
-            ConfigIssue(
-                "tokenizer",
-                f"no such file {cfg.tokenizer!r} (a tokenizer.json path, {UTF8_BYTES!r} or {SIMULATOR!r})",
-            )
-        )
+    for model in dict.fromkeys(pool.model for pool in cfg.pools.values()):
+        own = model_tokenizer(cfg, model)
+        try:
+            find_tokenizer(model, own, cfg.tokenizer)
+        except TokenizerNotFound as err:
+            issues.append(ConfigIssue(f"models.{model}.tokenizer" if own else "tokenizer", str(err)))
     if cfg.prefix_cache_isolation == "off":
         issues += [
             ConfigIssue(f"keys[{i}].cache_group", "applies only with prefix_cache_isolation: per_key")

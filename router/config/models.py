@@ -429,9 +429,11 @@ class ProfileConfig(Strict):
     description: str = ""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     debug_headers: bool = False
-    # `utf8-bytes`: one token per UTF-8 byte, an upper bound for byte-level BPE tokenizers;
-    # a path: the model's tokenizer.json (exact); `simulator`: lane-router sim's engines only.
-    tokenizer: str = Field("utf8-bytes", min_length=1)
+    # Every model's tokenizer unless it names its own (router/request/tokenizer_source.py): a
+    # tokenizer.json or a directory holding one (exact); `utf8-bytes`: one token per UTF-8 byte,
+    # an upper bound for byte-level BPE tokenizers; `simulator`: lane-router sim's engines only.
+    # Unset: each model's own, found locally, else the byte bound and the backends' /tokenize.
+    tokenizer: str | None = Field(None, min_length=1)
     prompt_costs: PromptCostsConfig = PromptCostsConfig()
     request_fields: FieldRules = FieldRules()
     # `per_key`: every request carries vLLM's cache_salt for its key (or its key's cache_group),

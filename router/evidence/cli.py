@@ -13,8 +13,9 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
+from router.config.lanemap import lane_plan
 from router.config.load import ConfigError, load_profile
-from router.config.models import RequestClass
+from router.config.models import LaneConfig, ProfileConfig, RequestClass
 from router.evidence.decide import FinalDecision, decide
 from router.evidence.diff import changed_fields, transfer_triggers
 from router.evidence.identity import serving_configuration
@@ -52,7 +53,12 @@ def _decide_arguments(judge: argparse.ArgumentParser) -> None:
     judge.epilog = DECIDE_EPILOG
     judge.add_argument("--record", required=True, metavar="FILE")
     judge.add_argument("--config", required=True, metavar="PROFILE.yaml")
-    judge.add_argument("--lane", required=True, choices=[c.value for c in RequestClass])
+    judge.add_argument(
+        "--lane",
+        required=True,
+        metavar="LANE",
+        help="the lane's name: its class, or MODEL:CLASS (as `check` prints)",
+    )
     judge.add_argument(
         "--concurrency",
         type=positive_int,
@@ -114,7 +120,7 @@ def run_decide(args: argparse.Namespace) -> int:
         record = read_record(args.record)
         cfg = load_profile(args.config)
         slo = parse_slo(args.slo)
-        lane = cfg.lanes[RequestClass(args.lane)]
+        lane = _lane_named(cfg, args.lane)
         pool = cfg.pools[lane.pool]
         target = _with_overrides(lane_target(lane, pool), args)
     except (EvidenceError, ConfigError, ValueError) as exc:
@@ -122,6 +128,14 @@ def run_decide(args: argparse.Namespace) -> int:
     decision = decide(record, target, serving_configuration(pool), slo)
     print(render_table(("field", "value"), decision_rows(decision, target)))
     return EXIT_CODES[decision.final_decision]
+
+
+def _lane_named(cfg: ProfileConfig, name: str) -> LaneConfig:
+    lanes = {planned.name: planned.config for planned in lane_plan(cfg)}
+    lane = lanes.get(name)
+    if lane is None:
+        raise ValueError(f"no lane {name!r} in the profile (lanes: {', '.join(lanes)})")
+    return lane
 
 
 def run_diff(args: argparse.Namespace) -> int:

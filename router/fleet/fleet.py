@@ -25,6 +25,7 @@ from router.fleet.adapterload import AdapterLoads
 from router.fleet.backend import Backend, ConnectionSettings, upstream_idle
 from router.fleet.membership import diff_members
 from router.fleet.pool import Pool
+from router.fleet.probes import ProbeClient
 from router.observe.metrics import Metrics
 from router.proxy.upstream import UpstreamPool
 
@@ -42,6 +43,8 @@ class Fleet:
         # it): where a request for a model no pool names may go. Replaced whole.
         self.learned_adapters: dict[str, str] = {}
         self.adapter_loads = AdapterLoads(metrics)  # on-demand loads (router/fleet/adapterload.py)
+        # Requests of the router's own to backends on a client's behalf (router/proxy/exactcount.py).
+        self.probes = ProbeClient()
 
     @property
     def pending(self) -> bool:
@@ -176,6 +179,7 @@ class Fleet:
         self._draining.clear()
         # No await in a `finally` of this compiled module (docs/compiled.md): waited on every way out.
         try:
+            await self.probes.aclose()
             for backend in draining:
                 await self._forget(backend)
             for upstream in retired:

@@ -233,6 +233,14 @@ class Metrics:
             ["pool"],
             registry=registry,
         )
+        self.prompt_counts = Counter(
+            p + "prompt_counts",
+            "Prompts of a model without a tokenizer whose byte bound and lower estimate fell on two "
+            "sides of a decision, by how they were then counted: backend (the backends' /tokenize), "
+            "byte_bound (no backend could count: the upper bound decided).",
+            ["model", "how"],
+            registry=registry,
+        )
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
 

@@ -30,6 +30,7 @@ from router.proxy import conversation
 from router.proxy.adapters import adapter_of, check_served, learned_route
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
+from router.proxy.exactcount import exact_facts, undecided
 from router.proxy.intake import ClientGone, Headers, read_body, request_id
 from router.proxy.relay import CLIENT_CLOSED, relay
 from router.proxy.respond import ResponseAborted
@@ -136,9 +137,9 @@ async def _handle(
     if api.multipart:
         facts, form = parse_audio_facts(api.endpoint, body, headers.content_type, runtime.counter)
     elif api.anthropic:
-        facts = parse_messages(api.endpoint, body, runtime.counter)
+        facts = parse_messages(api.endpoint, body, runtime.counters)
     else:
-        facts = parse_facts(api.endpoint, body, runtime.counter)
+        facts = parse_facts(api.endpoint, body, runtime.counters)
     fields = key.fields
     check_fields(api.endpoint, facts.body, fields)
     if fields.max_tokens is not None:
@@ -153,6 +154,17 @@ async def _handle(
         if route is None:
             raise NotFound(f"model {facts.model!r} is not served here", code="model_not_found")
         learned = True
+    counter = route.counter
+    # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
+    if (
+        counter.asks_backend
+        and (
+            facts.prompt_tokens >= counter.ask_above
+            or (key.limits is not None and key.limits.tpm is not None)
+        )
+        and undecided(runtime, route, facts, key)
+    ):
+        facts = await exact_facts(runtime, route, facts)
     stored = await conversation.previous(runtime, key, facts) if api.endpoint == "responses" else None
     if stored is not None:
         facts = facts.with_prompt_tokens(facts.prompt_tokens + stored.holder.tokens)

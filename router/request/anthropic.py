@@ -26,7 +26,7 @@ from router.errors import BadRequest
 from router.request.apifields import COUNT_TOKENS_FIELDS, MESSAGES_ENGINE_FIELDS, MESSAGES_FIELDS
 from router.request.facts import RequestFacts, prefix_chain
 from router.request.fields import Endpoint
-from router.request.tokens import NO_MEDIA, Media, PromptCounter
+from router.request.tokens import NO_MEDIA, Counters, Media, PromptCounter
 
 _NAMES: Final[dict[str, frozenset[str]]] = {
     "messages": MESSAGES_FIELDS | MESSAGES_ENGINE_FIELDS,
@@ -76,7 +76,8 @@ class _Prompt:
         self.texts.append(text)
 
 
-def parse_messages(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> RequestFacts:
+def parse_messages(endpoint: Endpoint, body: bytes, counters: PromptCounter | Counters) -> RequestFacts:
+    """`counters`: one counter, or each model's (the body's model picks its own)."""
     data = _load(body)
     names = _NAMES[endpoint]
     for name in data:
@@ -85,6 +86,7 @@ def parse_messages(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> R
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
+    counter = counters.get(model) if isinstance(counters, Counters) else counters
     ceiling = _max_tokens(data) if endpoint == "messages" else None
     stream = _flag(data, "stream")
     _check_sampling(data)

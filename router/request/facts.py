@@ -30,7 +30,15 @@ from router.request.apifacts import (
     template_tokens,
 )
 from router.request.fields import Endpoint
-from router.request.tokens import CHARS_PER_TOKEN, NO_MEDIA, Media, PromptCounter, message_text
+from router.request.tokens import (
+    CHARS_PER_TOKEN,
+    NO_MEDIA,
+    Counters,
+    Media,
+    PromptCosts,
+    PromptCounter,
+    message_text,
+)
 
 __all__ = ["PREFIX_BLOCK_CHARS", "Endpoint", "RequestFacts", "parse_facts", "prefix_chain"]
 
@@ -142,14 +150,25 @@ class RequestFacts:
         return self.prefix_chain[min(blocks, len(self.prefix_chain)) - 1]
 
 
-def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> RequestFacts:
+def parse_facts(endpoint: Endpoint, body: bytes, counters: PromptCounter | Counters) -> RequestFacts:
+    """`counters`: one counter, or each model's (the body's model is read first, so its prompt
+    is counted by its own tokenizer in the same pass)."""
     data = _load(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
+    counter = counters.get(model) if isinstance(counters, Counters) else counters
     stream = _opt_bool(data, "stream")
     roles: tuple[str, ...] = ()
-    if endpoint == "chat" or (endpoint == "tokenize" and "messages" in data):
+    templated: int | None = None
+    if endpoint == "chat" and counter.chat is not None:
+        # Checked by the pass below at no cost, then counted whole by the model's chat template.
+        text, roles, tool_messages, prompt_tokens = _chat_prompt(data, _UNCOUNTED)
+        templated = counter.chat.count(data)
+        prompts = 1
+        if templated is None:
+            prompt_tokens = _chat_prompt(data, counter)[3]
+    elif endpoint == "chat" or (endpoint == "tokenize" and "messages" in data):
         text, roles, tool_messages, prompt_tokens = _chat_prompt(data, counter)
         prompts = 1
     elif endpoint in _API_PROMPTS:
@@ -163,9 +182,11 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
     tools = data.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise BadRequest("'tools' must be an array", code="invalid_tools")
-    if tools:
+    if templated is not None:
+        prompt_tokens = templated  # the template rendered everything the body asks it to
+    elif tools:
         prompt_tokens += counter.tools(tools)
-    if endpoint in _TEMPLATED:
+    if endpoint in _TEMPLATED and templated is None:
         # What the chat template renders beside the messages (the pooling routes count it at
         # every pair, router.request.apifacts).
         if endpoint == "chat" and data.get("documents") is not None:
@@ -190,6 +211,15 @@ def parse_facts(endpoint: Endpoint, body: bytes, counter: PromptCounter) -> Requ
         include_usage=_include_usage(data) if "stream_options" in data else False,
         body=data,
     )
+
+
+class _NoText:
+    def count(self, text: str) -> int:
+        return 0
+
+
+# Validates a chat body without counting it, where the chat template counts it.
+_UNCOUNTED: Final = PromptCounter(_NoText(), PromptCosts(per_request=0, per_message=0))
 
 
 def _load(body: bytes) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """Prompt-token counts the router can stand behind.
 
+Each model is counted by its own tokenizer where one is found (router/request/tokenizer_source.py),
+its chat prompts through its chat template (router/request/chattemplate.py); without one, by the
+bound below, which the backends' `/tokenize` makes exact where it decides something
+(router/proxy/exactcount.py).
+
 A tenant must not be able to make a long prompt look short, so by default a text counts one
 token per UTF-8 byte: a byte-level BPE tokenizer (Llama 3, GPT, Qwen, the test suite's own
 model) never makes more tokens than bytes, whatever the script — CJK, emoji and combining marks
@@ -26,6 +31,11 @@ CHARS_PER_TOKEN: Final = 4
 
 UTF8_BYTES: Final = "utf8-bytes"
 SIMULATOR: Final = "simulator"
+# A lower estimate of a byte-bound count: a byte-level BPE tokenizer's tokens of ordinary text
+# average well under 8 bytes (English about 4, CJK 2 to 3). It is an estimate, not a bound: a
+# prompt of longer tokens (long runs of one character) is judged above a threshold its estimate
+# passes without asking — the router counts more there, never less.
+LOWER_BYTES_PER_TOKEN: Final = 8
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -61,6 +71,13 @@ class TextCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
+class ChatCount(Protocol):
+    """A chat request's exact prompt length through the model's chat template, or None when
+    the body asks for something the template count does not cover."""
+
+    def count(self, data: dict[str, Any]) -> int | None: ...
+
+
 class Utf8ByteCounter:
     """One token per UTF-8 byte: an upper bound for byte-level BPE tokenizers."""
 
@@ -77,6 +94,10 @@ class TokenizerCounter:
         from tokenizers import Tokenizer
 
         self._tokenizer = Tokenizer.from_file(str(path))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
 
     def count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
@@ -122,9 +143,17 @@ class PromptCounter:
 
     exact_for_simulator = False
 
-    def __init__(self, text: TextCounter, costs: PromptCosts) -> None:
+    def __init__(
+        self, text: TextCounter, costs: PromptCosts, chat: ChatCount | None = None, asks_backend: bool = False
+    ) -> None:
         self._text = text
         self.costs = costs
+        self.chat = chat  # the chat template's exact count, where the model has one
+        # The byte bound of a model without a tokenizer: the backends count where it decides.
+        self.asks_backend = asks_backend
+        # The shortest prompt length the model's profile decides anything at (a key's tpm aside):
+        # a shorter prompt's bound decides nothing, and is not looked at further.
+        self.ask_above = 0
         # A message's cost beyond its text, by role: the same for every message of a role.
         self._roles: dict[str, int] = {}
 
@@ -209,12 +238,39 @@ class _SimulatorText:
         return estimate_text_tokens(text)
 
 
+class Counters:
+    """Each served model's counter (any name a pool serves), and the one for a name no pool
+    serves (its request is refused once the model is looked up)."""
+
+    __slots__ = ("by_model", "default")
+
+    def __init__(self, by_model: dict[str, PromptCounter], default: PromptCounter) -> None:
+        self.by_model: Final = by_model
+        self.default: Final = default
+
+    def get(self, model: str) -> PromptCounter:
+        counter = self.by_model.get(model)
+        return self.default if counter is None else counter
+
+
+def lower_estimate(upper: int) -> int:
+    """A lower estimate of a prompt whose byte-bound count is `upper`."""
+    return upper // LOWER_BYTES_PER_TOKEN
+
+
+def decides(lower: int, upper: int, thresholds: list[int]) -> bool:
+    """Whether a prompt known only to lie between `lower` and `upper` tokens could fall on
+    either side of one of `thresholds` (a decision at `n` tokens is `> n` or `>= n`)."""
+    return any(lower <= threshold <= upper for threshold in thresholds)
+
+
 def make_counter(tokenizer: str | None, costs: PromptCosts | None = None) -> PromptCounter:
     """`utf8-bytes` (or nothing): the upper bound; `simulator`: the simulator's rule; anything
-    else: the path of a `tokenizer.json`."""
+    else: the path of a `tokenizer.json` or of a directory holding one."""
     costs = costs or PromptCosts()
     if not tokenizer or tokenizer == UTF8_BYTES:
         return PromptCounter(Utf8ByteCounter(), costs)
     if tokenizer == SIMULATOR:
         return SimulatorCounter()
-    return PromptCounter(TokenizerCounter(tokenizer), costs)
+    path = Path(tokenizer)
+    return PromptCounter(TokenizerCounter(path / "tokenizer.json" if path.is_dir() else path), costs)

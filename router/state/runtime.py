@@ -51,7 +51,9 @@ from router.lanes.slowclient import BufferBudget, SlowClients
 from router.observe.metrics import Metrics
 from router.observe.observer import Observer
 from router.proxy.watch import Watchlist
-from router.request.tokens import PromptCosts, PromptCounter, make_counter
+from router.request.tokenizer_source import TokenizerSource
+from router.request.tokens import Counters, PromptCosts, PromptCounter, make_counter
+from router.state.counters import build_counters
 from router.state.redisstores import RedisRateStore, RedisSlowClients
 from router.state.responseids import ResponseIds
 from router.state.shared import SharedState, redis_url
@@ -94,6 +96,9 @@ class Runtime:
     shared: SharedState | None = None
     responses: ResponseIds = field(default_factory=lambda: ResponseIds(ResponseIdsConfig()))
     observer: Observer = field(default_factory=Observer)  # tracing and the access log, from startup
+    # Each served name's prompt counter (its model's tokenizer), and how each model is counted.
+    counters: Counters = field(default_factory=lambda: Counters({}, make_counter(None)))
+    tokenizers: Mapping[str, TokenizerSource] = field(default_factory=dict)
     counting: Counting = field(default_factory=Counting)  # this process's share, the slot store
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
@@ -176,6 +181,9 @@ def build_runtime(
         )
     )
     counter = make_counter(cfg.tokenizer, PromptCosts(**cfg.prompt_costs.model_dump()))
+    counters, tokenizers = build_counters(
+        cfg, env, (previous.counters, previous.tokenizers) if previous is not None else None
+    )
     pool_settings = [_pool_settings(name, pc, env) for name, pc in cfg.pools.items()]
     rp = cfg.classify.repeated_prefix
     prefixes = (
@@ -221,7 +229,7 @@ def build_runtime(
         prefixes=prefixes,
         metrics=metrics,
         models=models,
-        routes=_routes(plan, lanes, pools, counter),
+        routes=_routes(plan, lanes, pools, counters),
         rates=rates,
         slow_clients=previous.slow_clients if previous and keep else _slow_clients(cfg, shared),
         lag=LagPolicy.from_config(sc),
@@ -232,6 +240,8 @@ def build_runtime(
         observer=observer or (previous.observer if previous is not None else Observer()),
         counting=counting,
         watchlist=Watchlist(sc.watch_disconnect_after_s),
+        counters=counters,
+        tokenizers=tokenizers,
     )
 
 
@@ -273,7 +283,7 @@ def _routes(
     plan: tuple[PlannedLane, ...],
     lanes: Mapping[str, Lane],
     pools: Mapping[str, Pool],
-    counter: PromptCounter,
+    counters: Counters,
 ) -> dict[str, ModelRoute]:
     """Every name a pool serves (its model, aliases, adapters) → the route of the pool's model."""
     by_model: dict[str, ModelRoute] = {}
@@ -281,7 +291,7 @@ def _routes(
         route = by_model.get(p.model)
         if route is None:
             serving = tuple(pool for pool in pools.values() if pool.config.model == p.model)
-            route = by_model[p.model] = ModelRoute(p.model, {}, counter, serving)
+            route = by_model[p.model] = ModelRoute(p.model, {}, counters.get(p.model), serving)
         route.lanes[p.cls] = lanes[p.name]
     return {name: by_model[pool.config.model] for pool in pools.values() for name in pool.config.models}
 

@@ -68,9 +68,10 @@ def test_top_level_lanes_are_named_by_class_and_other_models_lanes_by_model_and_
 
 
 def test_a_model_entry_may_set_only_its_tokenizer() -> None:
-    cfg = parse_profile(changed(lambda d: d["models"].__setitem__("bge", {"tokenizer": "/models/bge"})))
+    # A path must hold a tokenizer.json (tests/request/test_tokenizer_source.py): a rule names none.
+    cfg = parse_profile(changed(lambda d: d["models"].__setitem__("bge", {"tokenizer": "utf8-bytes"})))
 
-    assert cfg.models["bge"].tokenizer == "/models/bge" and cfg.models["ranker"].tokenizer is None
+    assert cfg.models["bge"].tokenizer == "utf8-bytes" and cfg.models["ranker"].tokenizer is None
 
 
 def test_a_one_pool_profile_may_name_its_lanes_under_its_model() -> None:

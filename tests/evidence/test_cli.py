@@ -312,3 +312,22 @@ def test_a_mix_within_the_tolerance_of_the_measured_one_is_covered(
     capsys.readouterr()
     assert main(_decide(path, profiles[0], "--class-mix", "chat=0.8,rag=0.2")) == 3
     assert _table(capsys.readouterr().out)["triggers"] == "class_mix"
+
+
+def test_decide_takes_any_models_lane_by_name(
+    store: EvidenceStore, profiles: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = store.add(base_record())
+    data = yaml.safe_load(profiles[0].read_text())
+    data["pools"]["embed"] = {"backends": ["http://127.0.0.1:8102"], "model": "bge"}
+    profiles[0].write_text(yaml.safe_dump(data))
+    decide_on = ["evidence", "decide", "--record", str(path), "--config", str(profiles[0]), "--lane"]
+
+    assert main([*decide_on, "chat"]) == 0
+    assert main([*decide_on, "bge:chat"]) == 3  # the record measured another model's servers
+    capsys.readouterr()
+    assert main([*decide_on, "mistral:chat"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "no lane 'mistral:chat' in the profile (lanes: " in err and "bge:chat, " in err and " chat, " in err
+    )

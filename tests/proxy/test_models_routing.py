@@ -156,3 +156,26 @@ async def test_the_admin_api_lists_every_lane_with_its_model_and_class(stack: St
         for model, pool in ((EMBED_MODEL, "embed"), (RERANK_MODEL, "rerank"))
         for cls in ("chat", "rag", "long_context", "agent", "batch", "slow_stream")
     }
+
+
+async def test_metrics_name_each_models_lane_and_keep_the_class(stack: Stack) -> None:
+    async with stack.client() as client:
+        for body in ({"model": EMBED_MODEL, "input": "x"}, {"model": EMBED_MODEL, "input": LONG_PROMPT}):
+            assert (await client.post("/v1/embeddings", json=body, headers=auth("user"))).status_code == 200
+        chat = await client.post("/v1/chat/completions", json=_chat(CHAT_MODEL), headers=auth("user"))
+        assert chat.status_code == 200
+
+    wanted = [
+        'class="chat",lane="bge:chat",pool="embed",status="200"',
+        'class="long_context",lane="bge:long_context",pool="embed",status="200"',
+        'class="chat",lane="chat",pool="fast",status="200"',
+    ]
+    # A request is counted as its response ends: wait for the counts, with a deadline only a lost
+    # count reaches.
+    async with asyncio.timeout(30):
+        while missing := [w for w in wanted if w not in stack.state.metrics.exposition().decode()]:
+            await asyncio.sleep(0.02)
+    assert missing == []
+    exposition = stack.state.metrics.exposition().decode()
+    assert 'lane_router_queue_time_seconds_count{lane="bge:chat"}' in exposition
+    assert 'lane="llama' not in exposition and 'class="bge' not in exposition

@@ -113,3 +113,14 @@ def test_utf8_bytes_are_never_fewer_than_a_byte_level_bpe_count(text: str) -> No
         return  # lone surrogates: no JSON body can carry them to the router
     assert Utf8ByteCounter().count(text) == len(raw)
     assert len(BPE.encode(text, add_special_tokens=False).ids) <= len(raw)
+
+
+def test_a_decision_is_open_when_the_bound_and_its_estimate_straddle_it() -> None:
+    from router.request.tokens import decides, lower_estimate
+
+    assert lower_estimate(8000) == 1000
+    assert decides(lower_estimate(8000), 8000, [6000])  # 1,000 … 8,000 tokens: either side of 6,000
+    assert decides(1000, 8000, [8000]) and decides(1000, 8000, [1000])  # `>=` and `>` decisions alike
+    assert not decides(lower_estimate(5999), 5999, [6000])  # below it whatever the count
+    assert not decides(lower_estimate(80_000), 80_000, [6000])  # above it even at the estimate
+    assert not decides(0, 8000, [])

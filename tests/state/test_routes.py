@@ -19,7 +19,8 @@ def test_every_served_name_leads_to_its_models_lanes() -> None:
     chat = rt.routes[CHAT_MODEL]
     assert rt.routes["llama-chat"] is chat and rt.routes["sql-lora"] is chat
     assert chat.model == CHAT_MODEL and [p.name for p in chat.pools] == ["fast", "large"]
-    assert chat.counter is rt.counter
+    assert chat.counter is rt.counters.get(CHAT_MODEL)  # each model its own (tokens of its tokenizer)
+    assert chat.counter is not rt.routes[EMBED_MODEL].counter
     assert {cls: lane.pool.name for cls, lane in chat.lanes.items()} == {
         RequestClass.CHAT: "fast",
         RequestClass.RAG: "fast",

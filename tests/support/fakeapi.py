@@ -45,6 +45,7 @@ class FakeApi:
     sent: list[bytes] = field(default_factory=list)  # every body chunk of the last streamed answer
     report_usage: bool = True  # False: responses carry `"usage": null`
     create_status: int = 200  # another: a new response is refused with it (retrieves still answer)
+    tokenize_status: int = 200  # another: /tokenize answers it (a server that cannot count)
     _next: int = 0
 
     @staticmethod
@@ -59,6 +60,10 @@ class FakeApi:
             await self._responses(orjson.loads(body), watcher, send)
         elif path.startswith("/v1/audio/"):
             await self._audio(scope, body, send)
+        elif path == "/tokenize" and self.tokenize_status != 200:
+            await respond(
+                send, self.tokenize_status, b'{"error":{"message":"cannot count","code":"scripted"}}'
+            )
         else:
             await respond(send, 200, orjson.dumps(_pooling(path, orjson.loads(body))))
 
@@ -210,9 +215,33 @@ def _overlap(a: str, b: str) -> float:
     return len(left & right) / max(1, len(left | right))
 
 
+# The fake server's chat template: 4 tokens of turn markers a message, 2 of generation prompt.
+TURN_TOKENS = 4
+GENERATION_TOKENS = 2
+
+
+def text_tokens(text: str) -> int:
+    """The fake server's tokenizer: a token per ASCII word, one per other character."""
+    ascii_words = "".join(c if c.isascii() else " " for c in text).split()
+    return len(ascii_words) + sum(1 for c in text if not c.isascii())
+
+
+def chat_tokens(messages: list[dict[str, Any]]) -> int:
+    """What the fake server's /tokenize counts for a chat: its template around each message."""
+    count = GENERATION_TOKENS
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
+        count += TURN_TOKENS + text_tokens(message["role"]) + text_tokens(text)
+    return count
+
+
 def _pooling(path: str, request: dict[str, Any]) -> dict[str, Any]:
     model = request.get("model")
     if path == "/tokenize":
+        if "messages" in request:
+            count = chat_tokens(request["messages"])
+            return {"count": count, "max_model_len": 2048, "tokens": list(range(count))}
         tokens = list(str(request.get("prompt", "")).encode())
         return {"count": len(tokens), "max_model_len": 2048, "tokens": tokens}
     if path == "/detokenize":

@@ -30,6 +30,9 @@ def profile(interactive: list[str], batch: list[str] | None = None, **top: Any) 
     data: dict[str, Any] = {
         "profile": "test",
         "debug_headers": True,
+        # The byte bound, which these profiles' thresholds are set by; without it the router
+        # asks the backends' /tokenize where the bound decides (tests/proxy/test_exact_counts.py).
+        "tokenizer": "utf8-bytes",
         "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 2, "healthy_after": 1},
         "pools": {
             "interactive": {

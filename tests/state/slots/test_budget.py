@@ -15,7 +15,7 @@ from router.config.load import parse_profile
 from router.lanes.admission import PrefillLimits
 from router.server import warn_of_parts
 from router.state.slots.budget import Share, budgets, prefill_parts, split
-from tests.support.profiles import profile
+from tests.support.profiles import multi_model_profile, profile
 
 
 @given(st.integers(0, 10_000), st.integers(1, 64))
@@ -133,3 +133,13 @@ def test_serving_with_workers_logs_the_same_warnings_as_check(caplog: pytest.Log
     with caplog.at_level("WARNING", logger="lane_router.server"):
         warn_of_parts(parse_profile(shaped()), 2)
     assert "lanes.batch.max_in_flight: 1 split over 2 processes: worker 1 gets 0" in caplog.text
+
+
+def test_every_models_lane_limits_are_split_under_their_path() -> None:
+    data = multi_model_profile(*(f"http://127.0.0.1:{port}" for port in range(9101, 9105)))
+    data["lanes"]["chat"]["max_in_flight"] = 7
+    data["models"] = {"ranker": {"lanes": {"batch": {"pool": "rerank", "max_in_flight": 5}}}}
+
+    found = {b.path: b.parts for b in budgets(parse_profile(data), 2)}
+
+    assert found == {"lanes.chat.max_in_flight": (4, 3), "models.ranker.lanes.batch.max_in_flight": (3, 2)}

@@ -1,0 +1,154 @@
+"""A prompt's exact length from the backends, for a model the router has no tokenizer for.
+
+Its byte bound (router/request/tokens.py) is an upper bound and a lower estimate lies at an
+eighth of it. When the two fall on either side of something the prompt's length decides — the
+class threshold, the repeated-prefix length, a lane's `max_prompt_tokens`, a pool's long-prompt
+admission threshold or context length, the key's tpm — the router asks a healthy backend of the
+model's pools `POST /tokenize` (the body's messages, tools and template settings, which vLLM
+renders through the model's chat template; or the completions prompt, the embeddings input),
+bounded in time and in bytes, with the pool's upstream key. Its count then decides. A backend
+that cannot count (an error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
+`lane_router_prompt_counts_total{model,how="byte_bound"}` and logged once per model.
+
+Prompts with media are not asked about (their placeholders are counted by the bound's costs),
+nor chats with `documents`, which vLLM's tokenize request does not take.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import orjson
+
+from router.fleet.pool import Pool
+from router.keys.auth import ApiKey
+from router.lanes.route import ModelRoute
+from router.request.facts import RequestFacts
+from router.request.tokens import decides, lower_estimate
+from router.state.runtime import Runtime
+
+log = logging.getLogger("lane_router.proxy")
+
+TOKENIZE_TIMEOUT_S: Final = 2.0
+# The answer lists the token ids too: room for them, a few bytes each, beyond the count.
+_ANSWER_BASE: Final = 64 * 1024
+_ANSWER_PER_TOKEN: Final = 12
+# Chat fields vLLM's tokenize request takes beside the messages, as the chat request renders them.
+_CHAT_FIELDS: Final = (
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+)
+_ASKED: Final = frozenset({"chat", "completions", "embeddings"})
+_TEXT_PARTS: Final = frozenset({"text", "input_text", "refusal", "thinking"})
+
+_warned: set[str] = set()
+_turn = 0
+
+
+def thresholds(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: ApiKey) -> list[int]:
+    """The prompt lengths at which something is decided for this request of the route's model."""
+    rules = runtime.classify_rules
+    out = [rules.long_context_tokens, rules.repeated_prefix_tokens]
+    output = facts.output_tokens or 0
+    for lane in route.lanes.values():
+        if lane.config.max_prompt_tokens is not None:
+            out.append(lane.config.max_prompt_tokens)
+    for pool in route.pools:
+        out.append(pool.gate.limits.long_prompt_tokens)
+        out.append(pool.max_model_len)
+    limits = key.limits
+    if limits is not None and limits.tpm is not None:
+        out.append(limits.tpm)
+        if output:
+            out.append(limits.tpm - output)
+    return out
+
+
+def undecided(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: ApiKey) -> bool:
+    """Whether the byte bound and its lower estimate straddle a decision, for a prompt the
+    backends can count."""
+    if facts.endpoint not in _ASKED:
+        return False
+    upper = facts.prompt_tokens
+    if not decides(lower_estimate(upper), upper, thresholds(runtime, route, facts, key)):
+        return False
+    return tokenize_body(facts) is not None
+
+
+def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
+    """What vLLM's `/tokenize` takes for this request's prompt; None when it cannot say."""
+    body = facts.body
+    if facts.endpoint in ("completions", "embeddings"):
+        prompt = body.get("prompt" if facts.endpoint == "completions" else "input")
+        if not isinstance(prompt, str) or "suffix" in body:
+            return None
+        return {"model": facts.model, "prompt": prompt}
+    # vLLM's tokenize request has no `documents`: it would count them out.
+    if facts.endpoint != "chat" or "documents" in body or _has_media(body["messages"]):
+        return None
+    asked: dict[str, Any] = {"model": facts.model, "messages": body["messages"]}
+    for name in _CHAT_FIELDS:
+        if body.get(name) is not None:
+            asked[name] = body[name]
+    return asked
+
+
+def _has_media(messages: list[Any]) -> bool:
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(part.get("type") not in _TEXT_PARTS for part in content):
+            return True
+    return False
+
+
+async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) -> RequestFacts:
+    """The facts with the backends' count of the prompt, or as they are when none could count."""
+    model = route.model
+    asked = tokenize_body(facts)
+    count = await _ask(runtime, asked, route.pools, facts.prompt_tokens) if asked is not None else None
+    counted = runtime.metrics.prompt_counts
+    if count is None:
+        counted.labels(model, "byte_bound").inc()
+        if model not in _warned:
+            _warned.add(model)
+            log.warning(
+                "no backend of model %r could count a prompt (POST /tokenize): its byte bound decides",
+                model,
+            )
+        return facts
+    counted.labels(model, "backend").inc()
+    return facts.with_prompt_tokens(count)
+
+
+async def _ask(runtime: Runtime, asked: dict[str, Any], pools: tuple[Pool, ...], upper: int) -> int | None:
+    global _turn
+    candidates = [(pool, b) for pool in pools for b in pool.routable()]
+    if not candidates:
+        return None
+    _turn += 1
+    pool, backend = candidates[_turn % len(candidates)]
+    headers = {"content-type": "application/json"}
+    if pool.upstream_key:
+        headers["authorization"] = "Bearer " + pool.upstream_key.decode("latin-1")
+    answer = await runtime.fleet.probes.post(
+        pool.tls,
+        backend.name + "/tokenize",
+        orjson.dumps(asked),
+        cap=_ANSWER_BASE + _ANSWER_PER_TOKEN * upper,
+        timeout=TOKENIZE_TIMEOUT_S,
+        headers=headers,
+    )
+    if answer is None or answer.status != 200:
+        return None
+    try:
+        count = orjson.loads(answer.body).get("count")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return None
+    return count
