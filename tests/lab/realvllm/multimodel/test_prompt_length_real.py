@@ -112,12 +112,14 @@ async def ended(router: RealRouter, before: float) -> None:
 
 async def test_a_keys_tpm_is_charged_what_vllm_reports(two_models: TwoModels, mm_router: RealRouter) -> None:
     body = rag_body(MODEL_A)
-    await real_length(two_models.a, body)
+    counted = await real_length(two_models.a, body)
     began = time.monotonic()
     requests = mm_router.metric("lane_router_requests_total")
     async with http(mm_router, "metered") as client:
         first = await client.post("/v1/chat/completions", json=body)
         assert first.status_code == 200, first.text
+        # Reserved up front from the key's full bucket: the prompt's real length and the output bound.
+        assert int(first.headers["x-ratelimit-remaining-tokens"]) == TPM - counted - OUT
         usage = first.json()["usage"]
         used = usage["prompt_tokens"] + usage["completion_tokens"]
         await ended(mm_router, requests)
