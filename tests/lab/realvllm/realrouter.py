@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -186,10 +187,13 @@ class RealRouter:
 
 
 @contextlib.asynccontextmanager
-async def real_router(profile: dict[str, Any], settings: Settings | None = None) -> AsyncIterator[RealRouter]:
-    """`settings` may configure tracing or the access log (the router's observer)."""
+async def real_router(
+    profile: dict[str, Any], settings: Settings | None = None, config_path: Path | None = None
+) -> AsyncIterator[RealRouter]:
+    """`settings` may configure tracing or the access log (the router's observer); with
+    `config_path` (holding `profile`), `state.reload` re-reads that file as SIGHUP does."""
     settings = settings or Settings(watch_config=False)
-    state = build_state(parse_profile(profile), None, observer=build_observer(settings))
+    state = build_state(parse_profile(profile), config_path, observer=build_observer(settings))
     async with server_group() as group:
         url = await group.serve_router(state, settings)
         yield RealRouter(url, state)

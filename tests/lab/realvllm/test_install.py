@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 from router.lab.realvllm.install import (
+    ADAPTERS,
+    MULTI_MODEL,
+    SECOND_MODEL,
     SETUP_SCRIPT,
     VENV_MARKER,
     VllmSetupMissing,
@@ -55,3 +58,15 @@ def test_missing_medium_model_asks_for_the_medium_flag(tmp_path: Path) -> None:
         locate(("tiny", "medium"), environ=env)
     assert f"{SETUP_SCRIPT} --medium" in str(info.value)
     assert "model 'tiny'" not in str(info.value)
+
+
+def test_the_multi_model_set_needs_the_second_model_and_the_adapters(tmp_path: Path) -> None:
+    env = build_fake(tmp_path, ("tiny",))
+    with pytest.raises(VllmSetupMissing) as info:
+        locate(MULTI_MODEL, environ=env)
+    for name in (SECOND_MODEL, *ADAPTERS):
+        assert f"model '{name}' missing" in str(info.value)
+    assert (
+        locate(MULTI_MODEL, environ=build_fake(tmp_path / "full", MULTI_MODEL)).models
+        == tmp_path / "full" / "models"
+    )
