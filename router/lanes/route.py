@@ -11,7 +11,7 @@ from router.request.tokens import PromptCounter
 
 
 class ModelRoute:
-    __slots__ = ("counter", "lanes", "model", "pools")
+    __slots__ = ("count_asks", "counter", "lanes", "model", "pools", "uncounted_said")
 
     def __init__(
         self, model: str, lanes: dict[RequestClass, Lane], counter: PromptCounter, pools: tuple[Pool, ...]
@@ -20,6 +20,10 @@ class ModelRoute:
         self.lanes = lanes  # one per request class
         self.counter = counter
         self.pools = pools
+        # The backends' counts of this model's prompts (router/proxy/exactcount.py): how many
+        # were asked for, which spreads them over the backends, and whether a failure was logged.
+        self.count_asks = 0
+        self.uncounted_said = False
 
     def __repr__(self) -> str:
         return f"ModelRoute({self.model!r}, lanes={[lane.name for lane in self.lanes.values()]})"

@@ -21,7 +21,6 @@ from typing import Any, Final
 
 import orjson
 
-from router.fleet.pool import Pool
 from router.keys.auth import ApiKey
 from router.lanes.route import ModelRoute
 from router.request.facts import RequestFacts
@@ -45,9 +44,6 @@ _CHAT_FIELDS: Final = (
 )
 _ASKED: Final = frozenset({"chat", "completions", "embeddings"})
 _TEXT_PARTS: Final = frozenset({"text", "input_text", "refusal", "thinking"})
-
-_warned: set[str] = set()
-_turn = 0
 
 
 def thresholds(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: ApiKey) -> list[int]:
@@ -110,12 +106,12 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
     """The facts with the backends' count of the prompt, or as they are when none could count."""
     model = route.model
     asked = tokenize_body(facts)
-    count = await _ask(runtime, asked, route.pools, facts.prompt_tokens) if asked is not None else None
+    count = await _ask(runtime, asked, route, facts.prompt_tokens) if asked is not None else None
     counted = runtime.metrics.prompt_counts
     if count is None:
         counted.labels(model, "byte_bound").inc()
-        if model not in _warned:
-            _warned.add(model)
+        if not route.uncounted_said:
+            route.uncounted_said = True
             log.warning(
                 "no backend of model %r could count a prompt (POST /tokenize): its byte bound decides",
                 model,
@@ -125,13 +121,12 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
     return facts.with_prompt_tokens(count)
 
 
-async def _ask(runtime: Runtime, asked: dict[str, Any], pools: tuple[Pool, ...], upper: int) -> int | None:
-    global _turn
-    candidates = [(pool, b) for pool in pools for b in pool.routable()]
+async def _ask(runtime: Runtime, asked: dict[str, Any], route: ModelRoute, upper: int) -> int | None:
+    candidates = [(pool, b) for pool in route.pools for b in pool.routable()]
     if not candidates:
         return None
-    _turn += 1
-    pool, backend = candidates[_turn % len(candidates)]
+    route.count_asks += 1
+    pool, backend = candidates[route.count_asks % len(candidates)]
     headers = {"content-type": "application/json"}
     if pool.upstream_key:
         headers["authorization"] = "Bearer " + pool.upstream_key.decode("latin-1")
