@@ -5,10 +5,12 @@ eighth of it. When the two fall on either side of something the prompt's length 
 class threshold, the repeated-prefix length, a lane's `max_prompt_tokens`, a pool's long-prompt
 admission threshold or context length, the key's tpm — the router asks a healthy backend of the
 model's pools `POST /tokenize` (the body's messages, tools and template settings, which vLLM
-renders through the model's chat template; or the completions prompt, the embeddings input),
-bounded in time and in bytes, with the pool's upstream key. Its count then decides. A backend
-that cannot count (an error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
-`lane_router_prompt_counts_total{model,how="byte_bound"}` and logged once per model.
+renders through the model's chat template; or the completions prompt, the embeddings input; an
+Anthropic body goes to vLLM's `POST /v1/messages/count_tokens`, which converts and renders it as
+its Messages API does), bounded in time and in bytes, with the pool's upstream key. Its count
+then decides. A backend that cannot count (an error, a timeout, no healthy backend) leaves the
+byte bound deciding: counted in `lane_router_prompt_counts_total{model,how="byte_bound"}` and
+logged once per model.
 
 Prompts with media are not asked about (their placeholders are counted by the bound's costs),
 nor chats with `documents`, which vLLM's tokenize request does not take.
@@ -42,7 +44,21 @@ _CHAT_FIELDS: Final = (
     "chat_template",
     "chat_template_kwargs",
 )
-_ASKED: Final = frozenset({"chat", "completions", "embeddings"})
+_ASKED: Final = frozenset({"chat", "completions", "embeddings", "messages", "count_tokens"})
+_TOKENIZE: Final = ("/tokenize", "count")
+# An Anthropic body is counted by vLLM's own count of it, through the same conversion and template.
+_COUNT_TOKENS: Final = ("/v1/messages/count_tokens", "input_tokens")
+_COUNTED_MESSAGE_FIELDS: Final = (
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "chat_template_kwargs",
+)
+_ANTHROPIC_TEXT_BLOCKS: Final = frozenset(
+    {"text", "thinking", "redacted_thinking", "tool_use", "tool_result"}
+)
 _TEXT_PARTS: Final = frozenset({"text", "input_text", "refusal", "thinking"})
 
 
@@ -77,8 +93,11 @@ def undecided(runtime: Runtime, route: ModelRoute, facts: RequestFacts, key: Api
 
 
 def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
-    """What vLLM's `/tokenize` takes for this request's prompt; None when it cannot say."""
+    """What vLLM's `/tokenize` (an Anthropic body: its count_tokens) takes for this request's
+    prompt; None when it cannot say."""
     body = facts.body
+    if facts.endpoint in ("messages", "count_tokens"):
+        return _count_tokens_body(facts)
     if facts.endpoint in ("completions", "embeddings"):
         prompt = body.get("prompt" if facts.endpoint == "completions" else "input")
         if not isinstance(prompt, str) or "suffix" in body:
@@ -94,6 +113,28 @@ def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
     return asked
 
 
+def _count_tokens_body(facts: RequestFacts) -> dict[str, Any] | None:
+    """The body's prompt as vLLM's `/v1/messages/count_tokens` takes it; None with images or
+    documents, whose placeholders the router's bound counts by the profile's costs."""
+    body = facts.body
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, list) and any(_anthropic_media(block) for block in content):
+            return None
+    asked: dict[str, Any] = {"model": facts.model, "messages": body["messages"]}
+    for name in _COUNTED_MESSAGE_FIELDS:
+        if body.get(name) is not None:
+            asked[name] = body[name]
+    return asked
+
+
+def _anthropic_media(block: Any) -> bool:
+    if not isinstance(block, dict) or block.get("type") not in _ANTHROPIC_TEXT_BLOCKS:
+        return True
+    inner = block.get("content") if block.get("type") == "tool_result" else None
+    return isinstance(inner, list) and any(_anthropic_media(part) for part in inner)
+
+
 def _has_media(messages: list[Any]) -> bool:
     for message in messages:
         content = message.get("content")
@@ -106,7 +147,8 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
     """The facts with the backends' count of the prompt, or as they are when none could count."""
     model = route.model
     asked = tokenize_body(facts)
-    count = await _ask(runtime, asked, route, facts.prompt_tokens) if asked is not None else None
+    how = _COUNT_TOKENS if facts.endpoint in ("messages", "count_tokens") else _TOKENIZE
+    count = await _ask(runtime, asked, how, route, facts.prompt_tokens) if asked is not None else None
     counted = runtime.metrics.prompt_counts
     if count is None:
         counted.labels(model, "byte_bound").inc()
@@ -121,7 +163,11 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
     return facts.with_prompt_tokens(count)
 
 
-async def _ask(runtime: Runtime, asked: dict[str, Any], route: ModelRoute, upper: int) -> int | None:
+async def _ask(
+    runtime: Runtime, asked: dict[str, Any], how: tuple[str, str], route: ModelRoute, upper: int
+) -> int | None:
+    """`how`: the path asked and the answer's field holding the count."""
+    path, field = how
     candidates = [(pool, b) for pool in route.pools for b in pool.routable()]
     if not candidates:
         return None
@@ -132,7 +178,7 @@ async def _ask(runtime: Runtime, asked: dict[str, Any], route: ModelRoute, upper
         headers["authorization"] = "Bearer " + pool.upstream_key.decode("latin-1")
     answer = await runtime.fleet.probes.post(
         pool.tls,
-        backend.name + "/tokenize",
+        backend.name + path,
         orjson.dumps(asked),
         cap=_ANSWER_BASE + _ANSWER_PER_TOKEN * upper,
         timeout=TOKENIZE_TIMEOUT_S,
@@ -141,7 +187,7 @@ async def _ask(runtime: Runtime, asked: dict[str, Any], route: ModelRoute, upper
     if answer is None or answer.status != 200:
         return None
     try:
-        count = orjson.loads(answer.body).get("count")
+        count = orjson.loads(answer.body).get(field)
     except (orjson.JSONDecodeError, AttributeError):
         return None
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:

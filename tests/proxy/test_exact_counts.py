@@ -15,6 +15,7 @@ import pytest
 from router.keys.auth import hash_key
 from tests.conftest import Stack, router_stack
 from tests.request.test_tokenizer_source import model_dir
+from tests.support.anthropicapi import MESSAGES_KEY, input_tokens, messages_profile
 from tests.support.fakeapi import chat_tokens
 from tests.support.profiles import (
     CHAT_MODEL,
@@ -224,3 +225,60 @@ async def test_what_tokenize_cannot_count_keeps_the_byte_bound(extra: dict[str, 
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-lane-router-class"] == "long_context"
         assert tokenize_calls(stack) == []
+
+
+def anthropic_without_tokenizer(urls: list[str]) -> dict[str, Any]:
+    data = messages_profile(urls)
+    del data["tokenizer"]
+    data["classify"]["long_context_tokens"] = 6000
+    data["pools"]["interactive"]["vllm"] = {"max_model_len": 32768, "max_num_batched_tokens": 32768}
+    return data
+
+
+async def test_an_anthropic_message_is_classified_by_the_backends_count_of_it() -> None:
+    """No tokenizer: a long English system prompt's byte bound alone makes it long_context; the
+    backend's own count (vLLM's /v1/messages/count_tokens, which converts and renders the body as
+    its Messages API does) decides instead, and the request is chat."""
+    system = PASSAGE * 60
+    body = {
+        "model": MODEL,
+        "system": system,
+        "messages": [{"role": "user", "content": "Which berth did the grain ship get?"}],
+        "max_tokens": 16,
+    }
+    async with (
+        router_stack(n_backends=1, shape=anthropic_without_tokenizer) as stack,
+        stack.client() as client,
+    ):
+        resp = await client.post("/v1/messages", json=body, headers={"x-api-key": MESSAGES_KEY})
+
+        assert resp.status_code == 200, resp.text
+        counts = [s for s in stack.seen() if s.path == "/v1/messages/count_tokens"]
+        (asked,) = [orjson.loads(s.body) for s in counts]
+        assert asked == {"model": MODEL, "system": system, "messages": body["messages"]}
+        assert counts[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+        expected = input_tokens(asked)
+        assert expected < 6000 < len(system)
+        assert resp.headers["x-lane-router-prompt-tokens"] == str(expected)
+        assert resp.headers["x-lane-router-class"] == "chat"
+        assert [s.path for s in stack.seen()] == ["/v1/messages/count_tokens", "/v1/messages"]
+
+
+async def test_an_anthropic_message_with_an_image_keeps_its_bound() -> None:
+    """Images are counted by the profile's image cost; the backend is not asked about them."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}
+    body = {
+        "model": MODEL,
+        "system": PASSAGE * 60,
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}],
+        "max_tokens": 16,
+    }
+    async with (
+        router_stack(n_backends=1, shape=anthropic_without_tokenizer) as stack,
+        stack.client() as client,
+    ):
+        resp = await client.post("/v1/messages", json=body, headers={"x-api-key": MESSAGES_KEY})
+
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-lane-router-class"] == "long_context"
+        assert [s.path for s in stack.seen()] == ["/v1/messages"]
