@@ -141,10 +141,14 @@ class ProbeClient:
         timeout: float,
         headers: Mapping[str, str] | None = None,
     ) -> Answer | None:
-        await self._close_retired()
-        client = self._client(tls)
-        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        client, extensions = await self._prepared(tls)
         return await get_capped(client, url, cap=cap, timeout=timeout, headers=headers, extensions=extensions)
+
+    async def _prepared(self, tls: UpstreamTls | None) -> tuple[httpx.AsyncClient, dict[str, Any] | None]:
+        """The client for `tls` (replaced ones closed first) and the request's SNI extension."""
+        await self._close_retired()
+        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        return self._client(tls), extensions
 
     async def post(
         self,
@@ -157,9 +161,7 @@ class ProbeClient:
         headers: Mapping[str, str] | None = None,
     ) -> Answer | None:
         """A bounded POST of a JSON body (an adapter's load, router/fleet/adapterload.py)."""
-        await self._close_retired()
-        client = self._client(tls)
-        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        client, extensions = await self._prepared(tls)
         sent = {"content-type": "application/json", **(headers or {})}
         return await send_capped(
             client, "POST", url, cap=cap, timeout=timeout, headers=sent, extensions=extensions, content=body
@@ -170,9 +172,7 @@ class ProbeClient:
     ) -> int | None:
         """The status of a GET, its body left unread; None when it failed or took longer than
         `timeout`."""
-        await self._close_retired()
-        client = self._client(tls)
-        extensions = {"sni_hostname": tls.server_name} if tls is not None and tls.server_name else None
+        client, extensions = await self._prepared(tls)
         probing = _PROBING.set(True)
         try:
             async with asyncio.timeout(timeout):

@@ -20,11 +20,9 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-import orjson
-
 from router.errors import BadRequest
 from router.request.apifields import COUNT_TOKENS_FIELDS, MESSAGES_ENGINE_FIELDS, MESSAGES_FIELDS
-from router.request.facts import RequestFacts, prefix_chain
+from router.request.facts import RequestFacts, json_object, prefix_chain
 from router.request.fields import Endpoint
 from router.request.tokens import NO_MEDIA, Counters, Media, PromptCounter
 
@@ -78,7 +76,7 @@ class _Prompt:
 
 def parse_messages(endpoint: Endpoint, body: bytes, counters: PromptCounter | Counters) -> RequestFacts:
     """`counters`: one counter, or each model's (the body's model picks its own)."""
-    data = _load(body)
+    data = json_object(body)
     names = _NAMES[endpoint]
     for name in data:
         if name not in names:
@@ -128,16 +126,6 @@ def thinking_within(body: dict[str, Any], bound: int) -> None:
             code="max_tokens_exceeded",
         )
     body["thinking"] = {**thinking, "budget_tokens": bound - 1}
-
-
-def _load(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON (UTF-8): {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
-    return data
 
 
 def _bad(where: str, what: str) -> BadRequest:

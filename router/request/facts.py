@@ -153,7 +153,7 @@ class RequestFacts:
 def parse_facts(endpoint: Endpoint, body: bytes, counters: PromptCounter | Counters) -> RequestFacts:
     """`counters`: one counter, or each model's (the body's model is read first, so its prompt
     is counted by its own tokenizer in the same pass)."""
-    data = _load(body)
+    data = json_object(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", code="invalid_model")
@@ -222,7 +222,8 @@ class _NoText:
 _UNCOUNTED: Final = PromptCounter(_NoText(), PromptCosts(per_request=0, per_message=0))
 
 
-def _load(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object, or 400 `invalid_json`."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

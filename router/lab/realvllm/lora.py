@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from router.lab.realvllm.model import MARKER, digest
+from router.lab.realvllm.model import building, seal
 
 RANK = 8
 ALPHA = 16
@@ -85,23 +82,11 @@ def build(base: Path, out: Path, seed: int = SEED) -> dict[str, str]:
     from safetensors.torch import save_file  # type: ignore[import-not-found, unused-ignore]
 
     config = json.loads((base / "config.json").read_text())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with building(out) as tmp:
         save_file(weights(config, seed), str(tmp / "adapter_model.safetensors"))
         text = json.dumps(adapter_config(base.name), indent=2, sort_keys=True) + "\n"
         (tmp / "adapter_config.json").write_text(text)
-        files = digest(tmp)
-        manifest = {"kind": "lora", "base": base.name, "seed": seed, "files": files}
-        (tmp / MARKER).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return files
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        return seal(tmp, {"kind": "lora", "base": base.name, "seed": seed})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ nothing from the router's runtime dependencies::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -167,9 +168,7 @@ def build(out: Path, size_name: str, seed: int | None = None) -> dict[str, str]:
     `seed` defaults to the size's own."""
     size = SIZES[size_name]
     seed = size.seed if seed is None else seed
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with building(out) as tmp:
         tok = train_tokenizer(seed, size.vocab)
         fast = wrap_tokenizer(tok)
         model = build_model(size, seed, {t: tok.token_to_id(t) for t in SPECIAL_TOKENS})
@@ -177,17 +176,32 @@ def build(out: Path, size_name: str, seed: int | None = None) -> dict[str, str]:
         fast.save_pretrained(tmp)
         if not (tmp / "tokenizer.json").is_file():
             raise RuntimeError("tokenizer.json was not written")
-        files = digest(tmp)
-        manifest = {"size": size_name, "seed": seed, "files": files}
-        (tmp / MARKER).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)  # mkdtemp makes it private; the model is meant to be shared
+        return seal(tmp, {"size": size_name, "seed": seed})
+
+
+@contextlib.contextmanager
+def building(out: Path) -> Iterator[Path]:
+    """A temporary sibling of `out` to build in, moved into place whole when the block ends
+    without an error (so `out` is never half-built), else removed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it private; what is built here is meant to be shared
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
-        return files
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def seal(directory: Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """Write the marker, last: the manifest with every file's digest. Returns the digests."""
+    files = digest(directory)
+    text = json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n"
+    (directory / MARKER).write_text(text)
+    return files
 
 
 def main(argv: Sequence[str] | None = None) -> int:
