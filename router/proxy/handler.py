@@ -156,12 +156,11 @@ async def _handle(
         learned = True
     counter = route.counter
     # No tokenizer for this model: where the byte bound leaves a decision open, the backends count.
+    # A prompt below every threshold of its model, and within its key's tpm with its output,
+    # decides nothing: one comparison or two, and nothing more, for most requests.
     if (
         counter.asks_backend
-        and (
-            facts.prompt_tokens >= counter.ask_above
-            or (key.limits is not None and key.limits.tpm is not None)
-        )
+        and (facts.prompt_tokens >= counter.ask_above or _may_reach_tpm(key, facts))
         and undecided(runtime, route, facts, key)
     ):
         facts = await exact_facts(runtime, route, facts)
@@ -234,6 +233,15 @@ async def _handle(
         await conversation.relay_turn(runtime, ex, rm, key, cost, facts, tokens, receive, send)
         return
     await relay(runtime, ex, rm, key, cost, receive, send)
+
+
+def _may_reach_tpm(key: ApiKey, facts: RequestFacts) -> bool:
+    """Whether the prompt's bound with its output reaches the key's tpm: only then is the tpm
+    a threshold its count could fall on either side of."""
+    limits = key.limits
+    if limits is None or limits.tpm is None:
+        return False
+    return facts.prompt_tokens + (facts.output_tokens or 0) >= limits.tpm
 
 
 def choose_lane(
