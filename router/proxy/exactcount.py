@@ -6,7 +6,8 @@ class threshold, the repeated-prefix length, a lane's `max_prompt_tokens`, a poo
 admission threshold or context length, the key's tpm — the router asks a healthy backend of the
 model's pools `POST /tokenize` (the body's messages, tools and template settings, which vLLM
 renders through the model's chat template; or the completions prompt, the embeddings input),
-bounded in time and in bytes, with the pool's upstream key. Its count then decides. A backend
+bounded in time and in bytes, with the pool's upstream key. Its count then decides, clamped to
+the lower estimate and the byte bound: a backend is believed only between them. A backend
 that cannot count (an error, a timeout, no healthy backend) leaves the byte bound deciding: counted in
 `lane_router_prompt_counts_total{model,how="byte_bound"}` and logged once per model.
 
@@ -118,7 +119,10 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
             )
         return facts
     counted.labels(model, "backend").inc()
-    return facts.with_prompt_tokens(count)
+    # A backend is believed only between the router's own bounds: one that miscounts (or lies)
+    # can neither lift a prompt past its byte bound nor shrink it below its lower estimate.
+    upper = facts.prompt_tokens
+    return facts.with_prompt_tokens(min(max(count, lower_estimate(upper)), upper))
 
 
 async def _ask(runtime: Runtime, asked: dict[str, Any], route: ModelRoute, upper: int) -> int | None:
