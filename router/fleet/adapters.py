@@ -67,13 +67,18 @@ def candidates_for(backends: Sequence[Backend], need: AdapterNeed) -> list[Backe
     return held
 
 
-def learned_parents(backends: Iterable[Backend]) -> dict[str, str]:
-    """Every adapter some backend listed, with its parent; where backends disagree on the parent,
-    the one sorting first (a parent the router serves is checked by the caller)."""
+def learned_parents(listed: Iterable[tuple[str, tuple[str, ...], Backend]]) -> dict[str, str]:
+    """Every adapter some backend listed, with the model it is an adapter of. Each backend comes
+    with its pool's model and the names that model goes by: an adapter counts only with one of
+    those as its parent, so a server can neither claim an adapter for a model its pool does not
+    serve nor, by the parent it lists, move another model's adapter. An adapter listed for two
+    different models is ambiguous: refused (unknown) rather than guessed."""
     found: dict[str, str] = {}
-    for backend in backends:
+    clashing: set[str] = set()
+    for model, names, backend in listed:
         for name, parent in backend.adapters:
-            known = found.get(name)
-            if known is None or parent < known:
-                found[name] = parent
+            if parent in names and found.setdefault(name, model) != model:
+                clashing.add(name)
+    for name in clashing:
+        del found[name]
     return found

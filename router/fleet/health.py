@@ -247,7 +247,9 @@ def learn_models(runtime: Runtime, backend: Backend, models: dict[str, Any] | No
 def reindex_adapters(runtime: Runtime) -> None:
     """The runtime's learned adapters, by name, with their parents (router/fleet/adapters.py)."""
     runtime.fleet.learned_adapters = learned_parents(
-        b for pool in runtime.pools.values() for b in pool.members
+        (pool.config.model, (pool.config.model, *pool.config.aliases), b)
+        for pool in runtime.pools.values()
+        for b in pool.members
     )
 
 

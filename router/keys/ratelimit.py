@@ -345,6 +345,19 @@ def _anthropic_usage(tail: bytes, at: int) -> int | None:
     return prompt + completion
 
 
+_MAX_DIGITS: Final = 12
+
+
+def believed(used: int | None, charged: int, limits: Limits) -> int | None:
+    """The usage a settlement takes: what the response reported, but at most one minute of the
+    key's tokens beyond its charge, so that a backend reporting an absurd usage leaves its
+    tenant a debt of a minute at most, not a key locked for good."""
+    tpm = limits.tpm
+    if used is None or tpm is None:
+        return used
+    return min(used, charged + tpm)
+
+
 def _count_after(text: bytes, name: bytes, start: int) -> int | None:
     """The number in the first `name: <digits>` of `text` from `start` (JSON whitespace around
     the colon): a scan, as every answer's usage is read, where a regular expression costs
@@ -358,7 +371,8 @@ def _count_after(text: bytes, name: bytes, start: int) -> int | None:
             while i < size and 48 <= text[i] <= 57:
                 i += 1
             if i > first:
-                return int(text[first:i])
+                # Longer is no request's count: a backend's nonsense, read as no usage at all.
+                return int(text[first:i]) if i - first <= _MAX_DIGITS else None
         at = text.find(name, at + 1)
     return None
 

@@ -8,7 +8,8 @@ model's pools `POST /tokenize` (the body's messages, tools and template settings
 renders through the model's chat template; or the completions prompt, the embeddings input; an
 Anthropic body goes to vLLM's `POST /v1/messages/count_tokens`, which converts and renders it as
 its Messages API does), bounded in time and in bytes, with the pool's upstream key. Its count
-then decides. A backend that cannot count (an error, a timeout, no healthy backend) leaves the
+then decides, clamped to the lower estimate and the byte bound: a backend is believed only
+between them. A backend that cannot count (an error, a timeout, no healthy backend) leaves the
 byte bound deciding: counted in `lane_router_prompt_counts_total{model,how="byte_bound"}` and
 logged once per model.
 
@@ -160,7 +161,10 @@ async def exact_facts(runtime: Runtime, route: ModelRoute, facts: RequestFacts) 
             )
         return facts
     counted.labels(model, "backend").inc()
-    return facts.with_prompt_tokens(count)
+    # A backend is believed only between the router's own bounds: one that miscounts (or lies)
+    # can neither lift a prompt past its byte bound nor shrink it below its lower estimate.
+    upper = facts.prompt_tokens
+    return facts.with_prompt_tokens(min(max(count, lower_estimate(upper)), upper))
 
 
 async def _ask(

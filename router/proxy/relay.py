@@ -16,6 +16,7 @@ from router.keys.ratelimit import (
     MemoryRateStore,
     RateStore,
     Verdict,
+    believed,
     parse_usage,
     rate_headers,
     refusal,
@@ -135,7 +136,7 @@ async def _exchange(
             tail = _ended(ex, rm, status, watch.gone, now)
             if charge is not None:
                 # The tokens the response reported using (None if unknown, or if nothing was served).
-                used = parse_usage(tail) if served else None
+                used = believed(parse_usage(tail), charge.tokens, charge.limits) if served else None
                 local = charge.local
                 if local is not None:
                     # The in-process store: settled here, without a coroutine.

@@ -234,3 +234,37 @@ async def test_a_learned_adapter_of_another_model_takes_that_models_lanes() -> N
         assert counts(stack) == [0, 0, 1, 0]
         resp = await client.post("/v1/chat/completions", json=chat("chat-lora"), headers=auth("user"))
         assert resp.status_code == 200 and counts(stack) == [1, 0, 1, 0]
+
+
+async def test_a_server_cannot_take_another_models_adapter_by_listing_it_for_its_own() -> None:
+    async with router_stack(n_backends=4, shape=models_shape) as stack, stack.client() as client:
+        stack.backends[FAST].behaviour.model = CHAT_MODEL
+        stack.backends[FAST].adapters["chat-lora"] = "/lora/chat"
+        fleet = stack.state.runtime.fleet
+        await until(lambda: fleet.learned_adapters.get("chat-lora") == CHAT_MODEL)
+        # The embedding pool's server lists the same name as an adapter of its own model.
+        stack.backends[EMBED].behaviour.model = EMBED_MODEL
+        stack.backends[EMBED].adapters["chat-lora"] = "/lora/other"
+        embed = stack.state.runtime.pools["embed"].backends[0]
+        await until(lambda: ("chat-lora", EMBED_MODEL) in embed.adapters)
+        resp = await client.post("/v1/chat/completions", json=chat("chat-lora"), headers=auth("user"))
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+        assert counts(stack)[EMBED] == 0
+
+
+async def test_an_adapter_listed_with_a_parent_its_pool_does_not_serve_is_not_learned() -> None:
+    async with router_stack(n_backends=4, shape=models_shape) as stack, stack.client() as client:
+        stack.backends[FAST].behaviour.model = CHAT_MODEL
+        stack.backends[FAST].adapters["chat-lora"] = "/lora/chat"
+        # A misconfigured embedding server lists the chat model's adapter under another base.
+        stack.backends[EMBED].behaviour.model = "a-base"
+        stack.backends[EMBED].adapters["chat-lora"] = "/lora/chat"
+        stack.backends[EMBED].adapters["stray-lora"] = "/lora/stray"
+        embed = stack.state.runtime.pools["embed"].backends[0]
+        fast = stack.state.runtime.pools["fast"].backends[0]
+        await until(lambda: ("chat-lora", "a-base") in embed.adapters and "chat-lora" in (fast.served or ()))
+        resp = await client.post("/v1/chat/completions", json=chat("chat-lora"), headers=auth("user"))
+        assert resp.status_code == 200, resp.text
+        assert counts(stack) == [1, 0, 0, 0]
+        listed = {m["id"] for m in (await client.get("/v1/models", headers=auth("user"))).json()["data"]}
+        assert "chat-lora" in listed and "stray-lora" not in listed

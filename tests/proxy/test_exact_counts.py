@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from router.keys.auth import hash_key
+from router.request.tokens import lower_estimate
 from tests.conftest import Stack, router_stack
 from tests.request.test_tokenizer_source import model_dir
 from tests.support.anthropicapi import MESSAGES_KEY, input_tokens, messages_profile
@@ -282,3 +283,35 @@ async def test_an_anthropic_message_with_an_image_keeps_its_bound() -> None:
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-lane-router-class"] == "long_context"
         assert [s.path for s in stack.seen()] == ["/v1/messages"]
+
+
+async def _counted_as(stack: Stack, told: int, body: dict[str, Any]) -> tuple[int, int]:
+    """What the router counts a prompt as when its backend's /tokenize says `told`, and the byte
+    bound it counts without asking (the backend cannot count)."""
+    api = stack.backends[0].api
+    headers = auth("user")
+    async with stack.client() as client:
+        api.tokenize_status = 500
+        bound = await client.post("/v1/chat/completions", json=body, headers=headers)
+        api.tokenize_status, api.tokenize_count = 200, told
+        told_resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+    assert bound.status_code == 200, bound.text
+    assert told_resp.status_code == 200, told_resp.text
+    return int(told_resp.headers["x-lane-router-prompt-tokens"]), int(
+        bound.headers["x-lane-router-prompt-tokens"]
+    )
+
+
+async def test_a_backend_counting_too_few_is_not_believed_below_the_lower_estimate() -> None:
+    body = {"model": MODEL, "messages": rag_messages(1500), "max_tokens": 16}
+    async with router_stack(n_backends=1, shape=no_tokenizer) as stack:
+        for told in (0, 1):
+            counted_as, bound = await _counted_as(stack, told, body)
+            assert counted_as == lower_estimate(bound)
+
+
+async def test_a_backend_counting_too_many_is_not_believed_above_the_byte_bound() -> None:
+    body = {"model": MODEL, "messages": rag_messages(1500), "max_tokens": 16}
+    async with router_stack(n_backends=1, shape=no_tokenizer) as stack:
+        counted_as, bound = await _counted_as(stack, 10**9, body)
+        assert counted_as == bound

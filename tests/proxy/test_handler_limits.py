@@ -162,3 +162,20 @@ async def test_an_agent_session_sticks_to_one_backend_and_sessions_spread() -> N
         assert len({next(iter(v)) for v in homes.values()}) >= 3
         text = stack.state.metrics.exposition().decode()
         assert 'lane_router_prefix_affinity_hits_total{pool="interactive"} 36.0' in text
+
+
+async def test_a_backend_reporting_an_absurd_usage_costs_its_tenant_at_most_a_minute() -> None:
+    tpm = 6000
+    shape = with_limited_key(tpm=tpm, max_concurrency=1)
+    async with router_stack(n_backends=1, shape=shape) as stack, stack.client() as client:
+        for total in (b"9" * 400, b"9" * 12):
+            stack.backends[0].behaviour = Behaviour(reported_usage=b'{"total_tokens":%s}' % total)
+            lied = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
+            assert lied.status_code == 200, lied.text
+        stack.backends[0].behaviour = Behaviour()
+        # The key's slot came back, and its debt is a minute's tokens at most: within a minute
+        # and a bit, its tokens are back above zero.
+        again = await client.post("/v1/chat/completions", json=WHOLE, headers=HEADERS)
+        assert again.status_code == 429, again.text
+        assert again.json()["error"]["code"] == "rate_limit_tokens"
+        assert float(again.headers["retry-after"]) <= 2 * 60 + 1

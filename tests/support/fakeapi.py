@@ -46,6 +46,7 @@ class FakeApi:
     report_usage: bool = True  # False: responses carry `"usage": null`
     create_status: int = 200  # another: a new response is refused with it (retrieves still answer)
     tokenize_status: int = 200  # another: /tokenize answers it (a server that cannot count)
+    tokenize_count: int | None = None  # set: /tokenize answers this count (a server that miscounts)
     _next: int = 0
 
     @staticmethod
@@ -64,6 +65,8 @@ class FakeApi:
             await respond(
                 send, self.tokenize_status, b'{"error":{"message":"cannot count","code":"scripted"}}'
             )
+        elif path == "/tokenize" and self.tokenize_count is not None:
+            await respond(send, 200, orjson.dumps({"count": self.tokenize_count, "max_model_len": 2048}))
         else:
             await respond(send, 200, orjson.dumps(_pooling(path, orjson.loads(body))))
 

@@ -36,6 +36,8 @@ class Behaviour:
     # When set, a generation waits for it before answering: the test decides how long a request
     # holds its slot, whatever the machine's speed.
     hold: asyncio.Event | None = None
+    # When set, a whole answer reports this JSON as its usage (a backend that miscounts).
+    reported_usage: bytes | None = None
 
 
 @dataclass
@@ -223,6 +225,8 @@ class FakeBackend:
                 "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
             }
         )
+        if b.reported_usage is not None:
+            payload = payload[: payload.rindex(b',"usage":')] + b',"usage":' + b.reported_usage + b"}"
         await _respond(send, 200, payload)
 
     async def _stream(self, send: Send, watcher: asyncio.Future[None], tokens: int, usage: bool) -> None:

@@ -223,8 +223,9 @@ class SimApp:
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_json(receive)
-        if isinstance(body, Mapping) and isinstance(body.get("messages"), list):
-            ids = chat_token_ids(body["messages"])
+        messages = body.get("messages") if isinstance(body, Mapping) else None
+        if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
+            ids = chat_token_ids(messages)
         elif isinstance(body, Mapping) and isinstance(body.get("prompt"), str):
             ids = text_token_ids(body["prompt"])
         else:

@@ -62,6 +62,8 @@ FILLER_WORDS: tuple[str, ...] = (
 )
 
 
+_SALT_MASK = (1 << 30) - 1
+
 _NATIVE_UINT32_LE = array("I").itemsize == 4 and sys.byteorder == "little"
 
 
@@ -90,7 +92,8 @@ def text_token_ids(text: str, *, salt: int = 0) -> list[int]:
         ids = [_chunk_id(text[i : i + step]) for i in range(0, body_chars, step)]
     ids.append(_chunk_id(text[body_chars:]))
     if salt:
-        ids[0] ^= salt << 33
+        # Above a chunk's 33 bits yet below 63: an id stays a JSON integer every reader takes.
+        ids[0] ^= (salt & _SALT_MASK) << 33
     return ids
 
 

@@ -204,6 +204,20 @@ async def test_api_key_covers_only_v1_like_vllm() -> None:
         assert detok.status_code == 200
 
 
+async def test_tokenize_counts_every_role_of_a_chat() -> None:
+    # Role markers change a chat's first ids; every id stays a 64-bit JSON integer.
+    roles = ("user", "system", "assistant", "tool", "developer", "x" * 40)
+    messages = [{"role": role, "content": "tell me more"} for role in roles]
+    async with sim() as url, httpx.AsyncClient(base_url=url) as c:
+        tok = await c.post("/tokenize", json={"messages": messages})
+        assert tok.status_code == 200, tok.text
+        ids = tok.json()["tokens"]
+        assert tok.json()["count"] == len(ids) == estimate_messages_tokens(messages)
+        assert all(0 <= i < 1 << 63 for i in ids)
+        odd = await c.post("/tokenize", json={"messages": ["not a message"]})
+        assert odd.status_code == 400
+
+
 async def test_client_disconnect_aborts_and_frees_blocks() -> None:
     slow = StepTimeModel(c0=0.01, c_prefill=0.0, c_decode=0.0, c_ctx=0.0)
     async with sim(timing=slow) as url, httpx.AsyncClient(base_url=url, timeout=10) as c:
