@@ -107,11 +107,7 @@ def tokenize_body(facts: RequestFacts) -> dict[str, Any] | None:
     # vLLM's tokenize request has no `documents`: it would count them out.
     if facts.endpoint != "chat" or "documents" in body or _has_media(body["messages"]):
         return None
-    asked: dict[str, Any] = {"model": facts.model, "messages": body["messages"]}
-    for name in _CHAT_FIELDS:
-        if body.get(name) is not None:
-            asked[name] = body[name]
-    return asked
+    return _prompt_of(facts, _CHAT_FIELDS)
 
 
 def _count_tokens_body(facts: RequestFacts) -> dict[str, Any] | None:
@@ -122,10 +118,14 @@ def _count_tokens_body(facts: RequestFacts) -> dict[str, Any] | None:
         content = message.get("content")
         if isinstance(content, list) and any(_anthropic_media(block) for block in content):
             return None
+    return _prompt_of(facts, _COUNTED_MESSAGE_FIELDS)
+
+
+def _prompt_of(facts: RequestFacts, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The model, the messages and those of `fields` the body sets: what renders its prompt."""
+    body = facts.body
     asked: dict[str, Any] = {"model": facts.model, "messages": body["messages"]}
-    for name in _COUNTED_MESSAGE_FIELDS:
-        if body.get(name) is not None:
-            asked[name] = body[name]
+    asked.update((name, body[name]) for name in fields if body.get(name) is not None)
     return asked
 
 
