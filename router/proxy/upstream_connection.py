@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Final
 
@@ -369,12 +370,12 @@ class UpstreamConnection(UpstreamBody):
             self._complete(self._parser.should_keep_alive())
 
 
-class Lender:
+class Lender(ABC):
     """Where a leased connection goes back when its response is done with it
     (router/proxy/upstream.py's pool). A base class, not a protocol: compiled, the call is a
     direct one."""
 
     __slots__ = ()
 
-    def give_back(self, conn: UpstreamConnection) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def give_back(self, conn: UpstreamConnection) -> None: ...
