@@ -321,6 +321,10 @@ class KeyConfig(Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
+    # Waiting for room in a lane: the key's share of it against the other keys waiting there
+    # (`weight`), and its band (a higher `tier` is served first).
+    weight: float = Field(1.0, gt=0, le=1000)
+    tier: int = Field(0, ge=0, le=100)
     request_fields: FieldRules | None = None
     cache_group: Name | None = None
     # Route families the key may use; unset: DEFAULT_ROUTES.
