@@ -10,9 +10,15 @@ served next unless its turn has come: a quiet key's first request goes before th
 request of a key with many waiting, and keys that all keep waiters share the band in the ratio
 of their weights. One key's waiters keep their order: alone, a band is FIFO.
 
-A request's cost is 1, not its tokens: a waiting request's output length is not known when it
-is ordered (its bound, `max_tokens` or the context, would charge a key for what it might ask),
-and a lane's slot is what the queue hands out."""
+A request's cost is 1, not its tokens (`Band.add` takes another). Measured on two keys kept
+waiting on 2 slots, each request holding its slot as long as its tokens
+(tests/lanes/test_fairqueue.py): with equal sizes both costs give the same shares; when one
+key's requests are 10 times longer, counting requests shares the requests by weight and the
+slots' time 10:1, counting tokens shares the time by weight and the requests 1:10. Requests it
+is: a waiting request's output length is unknown when it is ordered (its bound, `max_tokens` or
+the context, would charge a key for what it might ask and favour clients that set a low bound),
+a lane's slot is what the queue hands out, and a key's tokens are already capped by its
+`tpm`."""
 
 from __future__ import annotations
 
@@ -50,11 +56,11 @@ class Band:
         self.clock = 0.0
         self.finish_of: dict[str, float] = {}
 
-    def add(self, waiter: Waiter, tenant: Tenant) -> None:
+    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0) -> None:
         """Tag the waiter and place it after every waiter of a tag as small."""
         finish_of = self.finish_of
         start = max(self.clock, finish_of.get(tenant.name, 0.0))
-        finish = start + 1.0 / tenant.weight
+        finish = start + cost / tenant.weight
         finish_of[tenant.name] = finish
         waiter.start = start
         waiter.finish = finish
