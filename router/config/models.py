@@ -196,7 +196,9 @@ class LaneConfig(Strict):
 
     `balance`: the strategy that picks a backend of the pool, with its own settings
     (router/balance/, docs/balance.md): `balance: NAME`, or `balance: {strategy: NAME, ...}`.
-    `priority`: lower goes first when lanes sharing a pool wait for room. `decouple`: always relay
+    `priority`: lower goes first when lanes sharing a pool wait for room (then keys by `tier`, and
+    fairly by `weight`). `queue_limit` is shared by the keys waiting: a key holding fewer places
+    for its weight takes the newest place of the key holding the most. `decouple`: always relay
     through a per-stream buffer, as for a detected slow client. `max_prompt_tokens` /
     `max_output_tokens`: the request shape the lane accepts (400 beyond it), which is also the
     shape its capacity evidence must cover."""
@@ -321,6 +323,10 @@ class KeyConfig(Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
+    # Waiting for room in a lane: the key's share of it against the other keys waiting there
+    # (`weight`), and its band (a higher `tier` is served first).
+    weight: float = Field(1.0, gt=0, le=1000)
+    tier: int = Field(0, ge=0, le=100)
     request_fields: FieldRules | None = None
     cache_group: Name | None = None
     # Route families the key may use; unset: DEFAULT_ROUTES.

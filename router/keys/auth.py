@@ -13,6 +13,7 @@ from typing import Final
 from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
 from router.errors import BadRequest, Forbidden, Unauthorized
 from router.keys.ratelimit import Limits
+from router.keys.tenant import Tenant
 from router.request.fields import FieldPolicy
 
 
@@ -40,16 +41,21 @@ class ApiKey:
     fields: FieldPolicy = field(default_factory=FieldPolicy)
     cache_salt: str | None = None  # set on every request when the profile isolates prefix caches
     routes: frozenset[RouteScope] = frozenset(DEFAULT_ROUTES)
+    weight: float = 1.0
+    tier: int = 0
     # The rate limits as the limiter takes them, None for a key without any: built once here,
     # read by every request.
     limits: Limits | None = field(init=False, default=None, compare=False)
     # What the ids of the key's requests to vLLM begin with (router/proxy/intake.py).
     id_prefix: bytes = field(init=False, default=b"", compare=False)
+    # The key as a lane's queue orders its waiting requests (router/lanes/fairqueue.py).
+    tenant: Tenant = field(init=False, default=Tenant(""), compare=False)
 
     def __post_init__(self) -> None:
         limits = Limits(self.rpm, self.tpm, self.max_concurrency)
         object.__setattr__(self, "limits", limits if limits.any else None)
         object.__setattr__(self, "id_prefix", self.name.encode() + b":")
+        object.__setattr__(self, "tenant", Tenant(self.name, self.weight, self.tier))
 
     def allow_route(self, scope: RouteScope) -> None:
         if scope not in self.routes:
@@ -117,6 +123,8 @@ def build_keys(
                 fields=_field_policy(rules, cfg.request_fields),
                 cache_salt=cache_salt(cfg) if isolate_caches else None,
                 routes=frozenset(cfg.routes if cfg.routes is not None else DEFAULT_ROUTES),
+                weight=cfg.weight,
+                tier=cfg.tier,
             )
         )
     return tuple(keys)

@@ -3,8 +3,11 @@
 A request holds a `Ticket` from admission to its end. Taking a slot counts it against its lane
 (`max_in_flight`) and against one backend (in flight, and prefilling until its first token).
 When no slot is free the request waits in the pool's queue: lanes in priority order (lower
-`priority` first), FIFO within a lane, each lane's queue bounded by `queue_limit` and each
-wait by `queue_timeout_s` (then 503 with Retry-After).
+`priority` first), then keys by tier, fair across keys within that (router/lanes/fairqueue.py;
+FIFO for one key), each lane's queue bounded by `queue_limit` and each wait by
+`queue_timeout_s` (then 503 with Retry-After). A key arriving at a full lane takes the newest
+place of the key holding the most of it for its weight, when that is more than its own would be
+(`_make_room`): a flood fills an idle queue but cannot keep another key out of it.
 
 A released slot is handed to a waiter directly (the waiter's future receives its backend), so a
 request arriving later cannot take it first. A pass over the queue skips, at O(1) each, waiters
@@ -22,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -32,7 +34,9 @@ from router.balance.adapter_placement import ADAPTER_PLACEMENT
 from router.errors import Unavailable
 from router.fleet.adapters import AdapterNeed, candidates_for
 from router.fleet.backend import Backend, Health, routable
+from router.keys.tenant import ANONYMOUS, Tenant
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
+from router.lanes.fairqueue import Band, Waiter, band_of
 from router.state.slots.budget import ALONE, Share
 
 if TYPE_CHECKING:
@@ -55,6 +59,7 @@ class Ticket:
         "long",
         "pin",
         "prefilling",
+        "tenant",
         "timer",
         "tried",
     )
@@ -78,6 +83,7 @@ class Ticket:
         self.pin = pin  # the one backend the request may go to (a stored response's)
         # The LoRA adapter the request names: only its holders may take it (`for_adapter`).
         self.adapter: AdapterNeed | None = None
+        self.tenant: Tenant = ANONYMOUS  # its key, as the queue orders it
 
     def for_adapter(self, need: AdapterNeed) -> None:
         """Send the request only to the adapter's holders, placed by its name
@@ -86,11 +92,7 @@ class Ticket:
         self.affinity = need.key
 
 
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    ticket: Ticket
-    future: asyncio.Future[Backend]
-    counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
+_Waiter = Waiter  # the name router/state/slots/gate.py imports
 
 
 class Members(Protocol):
@@ -114,8 +116,10 @@ class PoolGate:
         share: Share = ALONE,
     ) -> None:
         self._pool = pool
-        self._queues: dict[int, deque[_Waiter]] = {}
-        self._priorities: list[int] = []
+        self._queues: dict[tuple[int, int], Band] = {}
+        self._priorities: list[tuple[int, int]] = []  # the bands, in order
+        # Each lane's waiters by key, oldest first: what a lane's `queue_limit` is shared by.
+        self._places: dict[int, dict[str, deque[Waiter]]] = {}
         self.waiting = 0
         self.share = share
         self.configure(limits)
@@ -222,7 +226,7 @@ class PoolGate:
         if not routable_for(self._pool, ticket):
             raise _no_backend(ticket, self._pool)
         cfg = lane.config
-        if lane.waiting >= cfg.queue_limit:
+        if lane.waiting >= cfg.queue_limit and not self._make_room(ticket):
             raise Unavailable(
                 f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
                 code="queue_full",
@@ -232,12 +236,12 @@ class PoolGate:
     async def wait(self, ticket: Ticket) -> Backend:
         """Queue the ticket until a slot is handed to it, or its lane's deadline."""
         lane, cfg = ticket.lane, ticket.lane.config
-        waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
-        self._enqueue(waiter)
+        future: asyncio.Future[Backend] = asyncio.get_running_loop().create_future()
+        waiter = self._enqueue(ticket, future)
         try:
             self._grant()
             async with asyncio.timeout(cfg.queue_timeout_s):
-                return await waiter.future
+                return await future
         except TimeoutError:
             raise Unavailable(
                 f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
@@ -247,26 +251,78 @@ class PoolGate:
         finally:
             # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
             # whose future is done is skipped by `_grant` and dropped from its queue there.
-            waiter.future.cancel()
+            future.cancel()
             self._left(waiter)
             # A slot granted to a waiter that then gave up stays on the ticket: the caller's
             # `finish` gives it back.
 
-    def _enqueue(self, waiter: _Waiter) -> None:
-        priority = waiter.ticket.lane.config.priority
-        queue = self._queues.get(priority)
-        if queue is None:
-            queue = self._queues[priority] = deque()
-            bisect.insort(self._priorities, priority)
-        queue.append(waiter)
-        waiter.ticket.lane.waiting += 1
+    def _enqueue(self, ticket: Ticket, future: asyncio.Future[Backend]) -> Waiter:
+        lane, tenant = ticket.lane, ticket.tenant
+        place = band_of(lane.config.priority, tenant)
+        band = self._queues.get(place)
+        if band is None:
+            band = self._queues[place] = Band()
+            bisect.insort(self._priorities, place)
+        waiter = Waiter(ticket, future, band)
+        band.add(waiter, tenant)
+        places = self._places.get(id(lane))
+        if places is None:
+            places = self._places[id(lane)] = {}
+        held = places.get(tenant.name)
+        if held is None:
+            held = places[tenant.name] = deque()
+        held.append(waiter)
+        lane.waiting += 1
         self.waiting += 1
+        return waiter
 
-    def _left(self, waiter: _Waiter) -> None:
-        if waiter.counted:
-            waiter.counted = False
-            waiter.ticket.lane.waiting -= 1
-            self.waiting -= 1
+    def _left(self, waiter: Waiter) -> None:
+        if not waiter.counted:
+            return
+        waiter.counted = False
+        ticket = waiter.ticket
+        lane = ticket.lane
+        lane.waiting -= 1
+        self.waiting -= 1
+        places = self._places[id(lane)]
+        name = ticket.tenant.name
+        held = places[name]
+        held.remove(waiter)
+        if not held:
+            del places[name]
+            if not places:
+                del self._places[id(lane)]
+
+    def _serve(self, waiter: Waiter, backend: Backend) -> None:
+        """Hand `backend` to the waiter."""
+        self._left(waiter)
+        waiter.band.served(waiter)
+        waiter.future.set_result(backend)
+
+    def _make_room(self, ticket: Ticket) -> bool:
+        """At a full lane: refuse the newest waiter of the key holding the most places for its
+        weight, if that is more than the arriving key would hold with this request; whether a
+        place was freed."""
+        places = self._places.get(id(ticket.lane))
+        if not places:
+            return False
+        tenant = ticket.tenant
+        mine = places.get(tenant.name)
+        need = ((len(mine) if mine is not None else 0) + 1) / tenant.weight
+        victim = most_held(places, need)
+        if victim is None:
+            return False
+        self._left(victim)
+        cfg = ticket.lane.config
+        victim.future.set_exception(
+            Unavailable(
+                f"lane {ticket.lane.name!r} is full: {cfg.queue_limit} requests already waiting, "
+                "this key's the most of them",
+                code="queue_full",
+                retry_after=_retry_after(cfg.queue_timeout_s),
+            )
+        )
+        return True
 
     def wake(self) -> None:
         """Offer free slots to the waiters now — a limit rose, a backend joined the pool, or
@@ -279,11 +335,14 @@ class PoolGate:
         budget = _SCAN_LIMIT
         full_lanes: set[int] = set()
         short_blocked = long_blocked = False
-        for priority in self._priorities:
-            queue = self._queues[priority]
-            kept: deque[_Waiter] = deque()
-            while queue and budget:
-                waiter = queue.popleft()
+        for place in self._priorities:
+            band = self._queues[place]
+            queue = band.waiters
+            kept: list[Waiter] = []
+            at, end = 0, len(queue)
+            while at < end and budget:
+                waiter = queue[at]
+                at += 1
                 if waiter.future.done():
                     continue  # gave up; already counted out
                 budget -= 1
@@ -306,15 +365,26 @@ class PoolGate:
                         short_blocked = long_blocked = True
                     kept.append(waiter)
                     continue
-                self._left(waiter)
-                waiter.future.set_result(backend)
-            kept.extend(queue)
-            self._queues[priority] = kept
+                self._serve(waiter, backend)
+            kept.extend(queue[at:])
+            band.keep(kept)
             if short_blocked or not budget:
                 return
 
 
 _DOWN: Final = Health.DOWN
+
+
+def most_held(places: dict[str, deque[Waiter]], than: float) -> Waiter | None:
+    """The newest waiter still waiting of the key holding the most places for its weight, if
+    that is more than `than`."""
+    most, found = than, None
+    for held in places.values():
+        newest = held[-1]
+        share = len(held) / newest.ticket.tenant.weight
+        if share > most and not newest.future.done():
+            most, found = share, newest
+    return found
 
 
 def routable_for(pool: Members, ticket: Ticket) -> list[Backend]:

@@ -196,6 +196,7 @@ async def _handle(
         affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
         stored.backend if stored is not None else None,  # positional: the pin
     )
+    ticket.tenant = key.tenant
     if need is not None:
         ticket.for_adapter(need)
     if form is not None:

@@ -70,6 +70,7 @@ async def _stored(
         method=stored.method.encode(),
         trace_headers=runtime.observer.upstream_headers(rec),
     )
+    ex.ticket.tenant = key.tenant
     await relay(runtime, ex, rm, key, 0, receive, send)
 
 

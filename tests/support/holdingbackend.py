@@ -25,6 +25,7 @@ class HoldingBackend:
     served: int = 0
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, held)
     connections: list[tuple[str, int]] = field(default_factory=list)  # each request's client
+    arrivals: list[str] = field(default_factory=list)  # each request's x-request-id, in order
     _go: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(0))
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -55,6 +56,8 @@ class HoldingBackend:
             return
         client = scope.get("client") or ("", 0)
         self.connections.append((str(client[0]), int(client[1])))
+        ids = [v for k, v in scope["headers"] if k == b"x-request-id"]
+        self.arrivals.append(ids[0].decode() if ids else "")
         self._count(+1)
         try:
             await self._go.acquire()

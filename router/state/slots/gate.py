@@ -1,6 +1,8 @@
 """Admission to one pool with counts shared by every router process (router/state/slots/store.py).
 
-The queue is this process's own, as in `router.lanes.poolgate.PoolGate`; what changes is the taking.
+The queue is this process's own, as in `router.lanes.poolgate.PoolGate`, and so is its fairness
+across keys: each process orders its own waiters by tier and weight, and the processes take the
+shared slots as they come. What changes is the taking.
 A take asks Redis, in one script, for the lane's slot and the first backend with room in an
 order this process chose: the lane's balancer's pick among the backends as every process loads
 them (the counts of the last answer), then the others, least loaded first. Releases are sent in
@@ -341,8 +343,7 @@ class SharedPoolGate(PoolGate):
             else:
                 backend = self._claim(ticket, order, rule, answer)
                 assert backend is not None
-                self._left(waiter)
-                waiter.future.set_result(backend)
+                self._serve(waiter, backend)
                 granted = True
         self._prune()
         return granted
@@ -355,16 +356,16 @@ class SharedPoolGate(PoolGate):
 
     def _in_order(self) -> list[_Waiter]:
         waiters: list[_Waiter] = []
-        for priority in self._priorities:
-            waiters += [w for w in self._queues[priority] if not w.future.done()]
+        for place in self._priorities:
+            waiters += [w for w in self._queues[place].waiters if not w.future.done()]
             if len(waiters) >= _SCAN_LIMIT:
                 return waiters[:_SCAN_LIMIT]
         return waiters
 
     def _prune(self) -> None:
-        for priority, queue in self._queues.items():
-            if any(w.future.done() for w in queue):
-                self._queues[priority] = type(queue)(w for w in queue if not w.future.done())
+        for band in self._queues.values():
+            if any(w.future.done() for w in band.waiters):
+                band.keep([w for w in band.waiters if not w.future.done()])
 
 
 _NOWHERE = TakeAnswer("", NO_ROOM, 0, ())

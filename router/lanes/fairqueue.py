@@ -1,0 +1,97 @@
+"""The order in which a pool's waiters are offered room: fair across keys.
+
+A pool's queue is split into bands: lanes of a lower `priority` first, then keys of a higher
+`tier` first. Within a band the waiters are ordered by start-time fair queueing, counted in
+requests: a key's request is tagged, when it starts waiting, with a virtual finish time — its
+start (the later of the band's clock and the key's previous finish) plus 1 / the key's weight —
+and the band serves the smallest tag first (the earliest to wait among equal tags). The clock
+is the start tag of the request last served. So a key that has waited longest is not the one
+served next unless its turn has come: a quiet key's first request goes before the second
+request of a key with many waiting, and keys that all keep waiters share the band in the ratio
+of their weights. One key's waiters keep their order: alone, a band is FIFO.
+
+A request's cost is 1, not its tokens (`Band.add` takes another). Measured on two keys kept
+waiting on 2 slots, each request holding its slot as long as its tokens
+(tests/lanes/test_fairqueue.py): with equal sizes both costs give the same shares; when one
+key's requests are 10 times longer, counting requests shares the requests by weight and the
+slots' time 10:1, counting tokens shares the time by weight and the requests 1:10. Requests it
+is: a waiting request's output length is unknown when it is ordered (its bound, `max_tokens` or
+the context, would charge a key for what it might ask and favour clients that set a low bound),
+a lane's slot is what the queue hands out, and a key's tokens are already capped by its
+`tpm`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from router.keys.tenant import Tenant
+
+if TYPE_CHECKING:
+    from router.fleet.backend import Backend
+    from router.lanes.poolgate import Ticket
+
+# Past this many keys remembered, a band forgets those whose turn has come anyway.
+_REMEMBERED: Final = 1024
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    ticket: Ticket
+    future: asyncio.Future[Backend]
+    band: Band
+    start: float = 0.0  # virtual start and finish, in the band's clock
+    finish: float = 0.0
+    counted: bool = True  # still counted in `waiting` (the future may be cancelled before that ends)
+
+
+class Band:
+    """The waiters of one (lane priority, key tier), in the order they are to be offered room."""
+
+    __slots__ = ("clock", "finish_of", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[Waiter] = []
+        self.clock = 0.0
+        self.finish_of: dict[str, float] = {}
+
+    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0) -> None:
+        """Tag the waiter and place it after every waiter of a tag as small."""
+        finish_of = self.finish_of
+        start = max(self.clock, finish_of.get(tenant.name, 0.0))
+        finish = start + cost / tenant.weight
+        finish_of[tenant.name] = finish
+        waiter.start = start
+        waiter.finish = finish
+        waiters = self.waiters
+        lo, hi = 0, len(waiters)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if waiters[mid].finish <= finish:
+                lo = mid + 1
+            else:
+                hi = mid
+        waiters.insert(lo, waiter)
+
+    def served(self, waiter: Waiter) -> None:
+        """The waiter was given room: the band's clock moves to its start."""
+        if waiter.start > self.clock:
+            self.clock = waiter.start
+
+    def keep(self, waiters: list[Waiter]) -> None:
+        """What is left waiting after a pass, in order. An empty band starts afresh; a band that
+        remembers many keys forgets those whose previous finish is behind the clock (their
+        next start is the clock either way)."""
+        self.waiters = waiters
+        if not waiters:
+            self.clock = 0.0
+            self.finish_of.clear()
+        elif len(self.finish_of) > _REMEMBERED:
+            clock = self.clock
+            self.finish_of = {k: f for k, f in self.finish_of.items() if f > clock}
+
+
+def band_of(priority: int, tenant: Tenant) -> tuple[int, int]:
+    """A band's place: lower lane priority first, then higher key tier."""
+    return (priority, -tenant.tier)

@@ -1,0 +1,184 @@
+"""Fair queueing within a lane, through a real router on loopback in front of a backend that
+holds every request until the test lets it go and records which key sent each
+(tests/support/holdingbackend.py; the router names the key in the request's x-request-id).
+
+The chat lane has 2 slots: whatever else waits, which key's request reaches the backend next is
+the order the lane's queue grants its slots in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from router.config.load import parse_profile
+from router.config.models import RequestClass
+from router.lanes.lane import Lane
+from router.server import build_state
+from router.settings import Settings
+from tests.support.holdingbackend import HoldingBackend
+from tests.support.processes import wait_ready
+from tests.support.profiles import MODEL, auth, profile
+from tests.support.servers import server_group
+
+SLOTS = 2
+WAIT_S = 60.0
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+FLOOD, QUIET = "user", "tester"  # two keys of the test profile
+
+
+class Lab:
+    def __init__(self, url: str, lane: Lane, backend: HoldingBackend) -> None:
+        self.url, self.lane, self.backend = url, lane, backend
+        self.client = httpx.AsyncClient(
+            base_url=url, timeout=WAIT_S, limits=httpx.Limits(max_connections=200)
+        )
+
+    def send(self, key: str, n: int = 1) -> list[asyncio.Task[httpx.Response]]:
+        return [
+            asyncio.ensure_future(self.client.post("/v1/chat/completions", json=BODY, headers=auth(key)))
+            for _ in range(n)
+        ]
+
+    async def waiting(self, n: int) -> None:
+        await until(lambda: self.lane.waiting == n)
+
+    async def next_arrival(self) -> str:
+        """Let one held request go; the key of the request the freed slot goes to."""
+        seen = len(self.backend.arrivals)
+        self.backend.release()
+        await self.backend.wait_for(lambda: len(self.backend.arrivals) > seen, WAIT_S)
+        return key_of(self.backend.arrivals[seen])
+
+
+def key_of(request_id: str) -> str:
+    return request_id.split(":", 1)[0]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll router state the test cannot be told about, until it holds."""
+    async with asyncio.timeout(WAIT_S):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def keys() -> dict[str, dict[str, Any]]:
+    return {}
+
+
+@pytest.fixture
+def chat() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+async def lab(keys: dict[str, dict[str, Any]], chat: dict[str, Any]) -> AsyncIterator[Lab]:
+    backend = HoldingBackend()
+    async with server_group() as group:
+        data = profile([await group.serve(backend)])
+        data["lanes"]["chat"].update(max_in_flight=SLOTS, queue_timeout_s=WAIT_S, **chat)
+        for timeout in ("read_timeout_s", "response_head_timeout_s"):
+            data["pools"]["interactive"][timeout] = WAIT_S
+        for key in data["keys"]:
+            key.update(keys.get(key["name"], {}))
+        state = build_state(parse_profile(data), None)
+        url = await group.serve_router(state, Settings(watch_config=False))
+        await wait_ready(url)
+        lab = Lab(url, state.runtime.lanes[RequestClass.CHAT], backend)
+        try:
+            yield lab
+        finally:
+            backend.release(10_000)
+            await lab.client.aclose()
+
+
+async def fill(lab: Lab, key: str, queued: int) -> list[asyncio.Task[httpx.Response]]:
+    """`key` takes both slots and queues `queued` more."""
+    tasks = lab.send(key, SLOTS + queued)
+    await lab.backend.wait_for(lambda: lab.backend.held == SLOTS, WAIT_S)
+    await lab.waiting(queued)
+    return tasks
+
+
+async def finish(lab: Lab, tasks: list[asyncio.Task[httpx.Response]]) -> list[httpx.Response]:
+    lab.backend.release(len(tasks))
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_a_quiet_keys_request_takes_the_next_slot_under_another_keys_flood(lab: Lab) -> None:
+    flood = await fill(lab, FLOOD, 40)
+    (quiet,) = lab.send(QUIET)
+    await lab.waiting(41)
+
+    # Within one service time: before each of the flood's requests being served ends.
+    assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
+    assert {r.status_code for r in await finish(lab, [*flood, quiet])} == {200}
+
+
+async def test_one_keys_requests_keep_their_order(lab: Lab) -> None:
+    """Alone in the lane, a key's waiters are served first come, first served."""
+    tasks = lab.send(FLOOD, SLOTS)
+    await lab.backend.wait_for(lambda: lab.backend.held == SLOTS, WAIT_S)
+    order = []
+    for i in range(6):
+        order.append(lab.send(FLOOD)[0])
+        await lab.waiting(i + 1)  # each queued after the one before
+    for _ in order:
+        await lab.next_arrival()
+    ids = [r.headers["x-request-id"] for r in await finish(lab, tasks + order)]
+    assert [key_of(a) + ":" + a.split(":", 1)[1] for a in lab.backend.arrivals[SLOTS:]] == [
+        FLOOD + ":" + i for i in ids[SLOTS:]
+    ]
+
+
+@pytest.mark.parametrize("keys", [{FLOOD: {"weight": 3}, QUIET: {"weight": 1}}])
+async def test_weights_share_a_saturated_lane_in_their_ratio(lab: Lab) -> None:
+    lab.backend.release(10_000)  # answered at once: the lane's 2 slots are what is short
+    total, warmup = 440, 40
+    clients = 20
+
+    async def client(key: str) -> None:
+        while len(lab.backend.arrivals) < total:
+            (task,) = lab.send(key)
+            assert (await task).status_code == 200
+
+    await asyncio.gather(*(client(k) for k in (FLOOD, QUIET) for _ in range(clients)))
+
+    counts = Counter(key_of(a) for a in lab.backend.arrivals[warmup:total])
+    assert counts[FLOOD] + counts[QUIET] == total - warmup
+    assert counts[FLOOD] / counts[QUIET] == pytest.approx(3.0, rel=0.10)
+
+
+@pytest.mark.parametrize("keys", [{QUIET: {"tier": 1}}])
+async def test_a_higher_tier_drains_first(lab: Lab) -> None:
+    low = await fill(lab, FLOOD, 10)
+    high = lab.send(QUIET, 5)
+    await lab.waiting(15)
+
+    assert [await lab.next_arrival() for _ in range(6)] == [QUIET] * 5 + [FLOOD]
+    assert {r.status_code for r in await finish(lab, low + high)} == {200}
+
+
+@pytest.mark.parametrize("chat", [{"queue_limit": 10}])
+async def test_a_flood_holding_the_whole_queue_gives_a_place_to_another_key(lab: Lab) -> None:
+    flood = await fill(lab, FLOOD, 10)
+    (more,) = lab.send(FLOOD)
+    refused = await more
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+
+    (quiet,) = lab.send(QUIET)
+    # The flood's newest waiter is refused for it; the lane stays at its limit.
+    done, _ = await asyncio.wait(flood, timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    (pushed,) = done
+    assert pushed.result().status_code == 503 and pushed.result().json()["error"]["code"] == "queue_full"
+    assert pushed is flood[-1]
+    assert lab.lane.waiting == 10
+
+    assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
+    rest = [t for t in flood if t is not pushed]
+    assert {r.status_code for r in await finish(lab, [*rest, quiet])} == {200}
