@@ -45,7 +45,16 @@ class Limits(NamedTuple):
 
 
 class Verdict:
-    __slots__ = ("allowed", "reason", "recorded", "remaining_requests", "remaining_tokens", "retry_after_s")
+    __slots__ = (
+        "allowed",
+        "reason",
+        "recorded",
+        "remaining_requests",
+        "remaining_tokens",
+        "reset_requests_s",
+        "reset_tokens_s",
+        "retry_after_s",
+    )
 
     def __init__(
         self,
@@ -55,6 +64,8 @@ class Verdict:
         remaining_requests: int | None = None,
         remaining_tokens: int | None = None,
         recorded: bool = True,
+        reset_requests_s: float = 0.0,
+        reset_tokens_s: float = 0.0,
     ) -> None:
         self.allowed: Final = allowed
         self.reason: Final = reason  # requests | tokens | concurrency | too_large when refused
@@ -64,6 +75,9 @@ class Verdict:
         # The store charged this request: it must be settled or refunded. False when a shared
         # store could not be reached and its policy let the request through uncounted.
         self.recorded: Final = recorded
+        # Until each bucket is full again at its refill rate (OpenAI's x-ratelimit-reset-*).
+        self.reset_requests_s: Final = reset_requests_s
+        self.reset_tokens_s: Final = reset_tokens_s
 
     def __repr__(self) -> str:
         return (
@@ -182,15 +196,31 @@ def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Li
     """A verdict with the whole requests and tokens left under each limit (None for no limit),
     never below 0."""
     rpm, tpm, _ = limits
-    requests = None if rpm is None else max(0, math.floor(levels.requests))
-    tokens = None if tpm is None else max(0, math.floor(levels.tokens))
+    requests: int | None = None
+    tokens: int | None = None
+    reset_requests = reset_tokens = 0.0
+    if rpm is not None:
+        requests = max(0, math.floor(levels.requests))
+        reset_requests = _until_full(levels.requests, rpm)
+    if tpm is not None:
+        tokens = max(0, math.floor(levels.tokens))
+        reset_tokens = _until_full(levels.tokens, tpm)
     return Verdict(
         allowed=allowed,
         reason=reason,
         retry_after_s=wait,
         remaining_requests=requests,
         remaining_tokens=tokens,
+        reset_requests_s=reset_requests,
+        reset_tokens_s=reset_tokens,
     )
+
+
+def _until_full(left: float, limit: int) -> float:
+    """Seconds a bucket holding `left` takes to refill to `limit` (more than a minute when a
+    debt left it below zero)."""
+    missing = limit - left
+    return missing * REFILL_S / limit if missing > 0.0 and limit > 0 else 0.0
 
 
 class RateStore(Protocol):
@@ -271,13 +301,33 @@ def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int
     return prompt_tokens + (output_bound or 0) * sequences
 
 
-def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
-    out = []
-    if verdict.remaining_requests is not None:
-        out.append((b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests))
-    if verdict.remaining_tokens is not None:
-        out.append((b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens))
+def rate_headers(verdict: Verdict, limits: Limits) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers for the key's request and token limits it has."""
+    out: list[tuple[bytes, bytes]] = []
+    rpm, tpm, _ = limits
+    remaining = verdict.remaining_requests
+    if rpm is not None and remaining is not None:
+        out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
+        out.append((b"x-ratelimit-remaining-requests", b"%d" % remaining))
+        out.append((b"x-ratelimit-reset-requests", duration(verdict.reset_requests_s)))
+    remaining = verdict.remaining_tokens
+    if tpm is not None and remaining is not None:
+        out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
+        out.append((b"x-ratelimit-remaining-tokens", b"%d" % remaining))
+        out.append((b"x-ratelimit-reset-tokens", duration(verdict.reset_tokens_s)))
     return out
+
+
+def duration(seconds: float) -> bytes:
+    """A reset time as OpenAI writes it: `250ms`, `1.5s`, `6m0s` (rounded up to the millisecond)."""
+    # Rounded to a nanosecond first, so that 59.999 s is not written as 1m0s.
+    ms = math.ceil(round(seconds * 1000.0, 6)) if seconds > 0.0 else 0
+    if ms < 1000:
+        return b"%dms" % ms
+    minutes, ms = divmod(ms, 60_000)
+    whole, frac = divmod(ms, 1000)
+    text = b"%d" % whole if frac == 0 else (b"%d.%03d" % (whole, frac)).rstrip(b"0")
+    return b"%dm%bs" % (minutes, text) if minutes else text + b"s"
 
 
 _MESSAGES: Final = {
@@ -288,13 +338,16 @@ _MESSAGES: Final = {
 }
 
 
-def refusal(verdict: Verdict) -> RateLimited:
-    headers = {k.decode(): v.decode() for k, v in rate_headers(verdict)}
+def refusal(verdict: Verdict, limits: Limits) -> RateLimited:
+    """The 429 of a refused verdict. Its Retry-After is when the bucket holds enough again, in
+    whole seconds, at most a minute: a bucket refills whole in a minute, and clients (the openai
+    SDK among them) ignore a longer Retry-After for their own backoff."""
+    headers = {k.decode(): v.decode() for k, v in rate_headers(verdict, limits)}
     code = "request_too_large" if verdict.reason == "too_large" else f"rate_limit_{verdict.reason}"
     return RateLimited(
         f"rate limit reached for this key: {_MESSAGES[verdict.reason]}",
         code=code,
-        retry_after=max(1.0, math.ceil(verdict.retry_after_s)),
+        retry_after=max(1.0, min(float(math.ceil(verdict.retry_after_s)), REFILL_S)),
         headers=headers,
     )
 
