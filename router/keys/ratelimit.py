@@ -343,7 +343,11 @@ def refusal(verdict: Verdict, limits: Limits) -> RateLimited:
     whole seconds, at most a minute: a bucket refills whole in a minute, and clients (the openai
     SDK among them) ignore a longer Retry-After for their own backoff."""
     headers = {k.decode(): v.decode() for k, v in rate_headers(verdict, limits)}
-    code = "request_too_large" if verdict.reason == "too_large" else f"rate_limit_{verdict.reason}"
+    too_large = verdict.reason == "too_large"
+    if too_large:
+        # Waiting never lets it through: clients that read this header (the OpenAI SDKs) stop.
+        headers["x-should-retry"] = "false"
+    code = "request_too_large" if too_large else f"rate_limit_{verdict.reason}"
     return RateLimited(
         f"rate limit reached for this key: {_MESSAGES[verdict.reason]}",
         code=code,

@@ -177,6 +177,17 @@ async def test_a_debt_longer_than_a_minute_is_told_a_minute() -> None:
     assert dict(refusal(refused, limits).headers())[b"retry-after"] == b"60"
 
 
+async def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
+    limits = Limits(tpm=600)
+    refused = await MemoryRateStore().acquire("k", limits, 601, 0.0)
+    headers = dict(refusal(refused, limits).headers())
+    assert headers[b"x-should-retry"] == b"false"
+    store, once = MemoryRateStore(), Limits(rpm=1)
+    await store.acquire("k", once, 1, 0.0)
+    ordinary = await store.acquire("k", once, 1, 0.0)
+    assert b"x-should-retry" not in dict(refusal(ordinary, once).headers())
+
+
 def test_durations_are_written_as_openai_writes_them() -> None:
     assert [duration(s) for s in (0.0, 0.0204, 1.0, 1.5, 59.999, 60.0, 360.0, 61.25)] == [
         b"0ms",
