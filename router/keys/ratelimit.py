@@ -198,13 +198,18 @@ def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Li
     rpm, tpm, _ = limits
     requests: int | None = None
     tokens: int | None = None
+    # Seconds until each bucket is full again (more than a minute when a debt left it below 0).
     reset_requests = reset_tokens = 0.0
     if rpm is not None:
-        requests = max(0, math.floor(levels.requests))
-        reset_requests = _until_full(levels.requests, rpm)
+        left = levels.requests
+        requests = max(0, math.floor(left))
+        if rpm > 0 and left < rpm:
+            reset_requests = (rpm - left) * REFILL_S / rpm
     if tpm is not None:
-        tokens = max(0, math.floor(levels.tokens))
-        reset_tokens = _until_full(levels.tokens, tpm)
+        left = levels.tokens
+        tokens = max(0, math.floor(left))
+        if tpm > 0 and left < tpm:
+            reset_tokens = (tpm - left) * REFILL_S / tpm
     return Verdict(
         allowed=allowed,
         reason=reason,
@@ -214,13 +219,6 @@ def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Li
         reset_requests_s=reset_requests,
         reset_tokens_s=reset_tokens,
     )
-
-
-def _until_full(left: float, limit: int) -> float:
-    """Seconds a bucket holding `left` takes to refill to `limit` (more than a minute when a
-    debt left it below zero)."""
-    missing = limit - left
-    return missing * REFILL_S / limit if missing > 0.0 and limit > 0 else 0.0
 
 
 class RateStore(Protocol):
@@ -319,15 +317,13 @@ def rate_headers(verdict: Verdict, limits: Limits) -> list[tuple[bytes, bytes]]:
 
 
 def duration(seconds: float) -> bytes:
-    """A reset time as OpenAI writes it: `250ms`, `1.5s`, `6m0s` (rounded up to the millisecond)."""
-    # Rounded to a nanosecond first, so that 59.999 s is not written as 1m0s.
-    ms = math.ceil(round(seconds * 1000.0, 6)) if seconds > 0.0 else 0
-    if ms < 1000:
-        return b"%dms" % ms
-    minutes, ms = divmod(ms, 60_000)
-    whole, frac = divmod(ms, 1000)
-    text = b"%d" % whole if frac == 0 else (b"%d.%03d" % (whole, frac)).rstrip(b"0")
-    return b"%dm%bs" % (minutes, text) if minutes else text + b"s"
+    """A reset time as OpenAI writes it, rounded up: `250ms` below a second, else `17s`, `6m0s`."""
+    if seconds < 1.0:
+        return b"%dms" % math.ceil(seconds * 1000.0) if seconds > 0.0 else b"0ms"
+    whole = math.ceil(seconds)
+    if whole < 60:
+        return b"%ds" % whole
+    return b"%dm%ds" % divmod(whole, 60)
 
 
 _MESSAGES: Final = {

@@ -28,12 +28,13 @@ class Drain:
         self.interval_s = -1.0  # mean seconds between backlogged completions; < 0: none measured
         self.last = -1.0  # when the last completion with requests waiting behind it happened
 
-    def completed(self, now: float, backlogged: bool) -> None:
-        """A request of the lane ended at `now`; `backlogged`: others still wait for its slot."""
-        if not backlogged:
-            # An idle spell would count as a slow drain: the next interval starts afresh.
-            self.last = -1.0
-            return
+    def idle(self) -> None:
+        """A request of the lane ended with none waiting. An idle spell would count as a slow
+        drain: the next interval starts afresh."""
+        self.last = -1.0
+
+    def completed(self, now: float) -> None:
+        """A request of the lane ended at `now` with others waiting for its slot."""
         last = self.last
         self.last = now
         if last < 0.0:

@@ -202,7 +202,10 @@ class PoolGate:
             ticket.holds_lane = False
             lane = ticket.lane
             lane.in_flight -= 1
-            lane.drain.completed(time.monotonic(), lane.waiting > 0)
+            if lane.waiting:
+                lane.drain.completed(time.monotonic())
+            else:
+                lane.drain.idle()
             if self.waiting:
                 self._grant()
 

@@ -189,15 +189,16 @@ async def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
 
 
 def test_durations_are_written_as_openai_writes_them() -> None:
-    assert [duration(s) for s in (0.0, 0.0204, 1.0, 1.5, 59.999, 60.0, 360.0, 61.25)] == [
+    assert [duration(s) for s in (0.0, 0.0204, 0.999, 1.0, 1.5, 59.5, 60.0, 360.0, 61.25)] == [
         b"0ms",
         b"21ms",
+        b"999ms",
         b"1s",
-        b"1.5s",
-        b"59.999s",
+        b"2s",
+        b"1m0s",
         b"1m0s",
         b"6m0s",
-        b"1m1.25s",
+        b"1m2s",
     ]
 
 

@@ -8,10 +8,10 @@ from router.lanes.drain import UNMEASURED_S, Drain, retry_after_s
 def drained(*gaps: float, start: float = 100.0) -> tuple[Drain, float]:
     """A measure that saw backlogged completions `gaps` seconds apart; and the last one's time."""
     drain, now = Drain(), start
-    drain.completed(now, backlogged=True)
+    drain.completed(now)
     for gap in gaps:
         now += gap
-        drain.completed(now, backlogged=True)
+        drain.completed(now)
     return drain, now
 
 
@@ -39,9 +39,9 @@ def test_the_mean_follows_a_change_of_pace() -> None:
 
 def test_an_idle_spell_is_not_counted_as_a_slow_drain() -> None:
     drain, now = drained(0.1, 0.1)
-    drain.completed(now + 1.0, backlogged=False)  # the queue emptied
-    drain.completed(now + 600.0, backlogged=True)  # traffic came back ten minutes later
-    drain.completed(now + 600.1, backlogged=True)
+    drain.idle()  # the queue emptied
+    drain.completed(now + 600.0)  # traffic came back ten minutes later
+    drain.completed(now + 600.1)
     assert retry_after_s(drain, 10, 60.0, now + 600.1) == 1.0
 
 
