@@ -45,7 +45,16 @@ class Limits(NamedTuple):
 
 
 class Verdict:
-    __slots__ = ("allowed", "reason", "recorded", "remaining_requests", "remaining_tokens", "retry_after_s")
+    __slots__ = (
+        "allowed",
+        "reason",
+        "recorded",
+        "remaining_requests",
+        "remaining_tokens",
+        "reset_requests_s",
+        "reset_tokens_s",
+        "retry_after_s",
+    )
 
     def __init__(
         self,
@@ -55,6 +64,8 @@ class Verdict:
         remaining_requests: int | None = None,
         remaining_tokens: int | None = None,
         recorded: bool = True,
+        reset_requests_s: float = 0.0,
+        reset_tokens_s: float = 0.0,
     ) -> None:
         self.allowed: Final = allowed
         self.reason: Final = reason  # requests | tokens | concurrency | too_large when refused
@@ -64,6 +75,9 @@ class Verdict:
         # The store charged this request: it must be settled or refunded. False when a shared
         # store could not be reached and its policy let the request through uncounted.
         self.recorded: Final = recorded
+        # Until each bucket is full again at its refill rate (OpenAI's x-ratelimit-reset-*).
+        self.reset_requests_s: Final = reset_requests_s
+        self.reset_tokens_s: Final = reset_tokens_s
 
     def __repr__(self) -> str:
         return (
@@ -182,14 +196,28 @@ def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Li
     """A verdict with the whole requests and tokens left under each limit (None for no limit),
     never below 0."""
     rpm, tpm, _ = limits
-    requests = None if rpm is None else max(0, math.floor(levels.requests))
-    tokens = None if tpm is None else max(0, math.floor(levels.tokens))
+    requests: int | None = None
+    tokens: int | None = None
+    # Seconds until each bucket is full again (more than a minute when a debt left it below 0).
+    reset_requests = reset_tokens = 0.0
+    if rpm is not None:
+        left = levels.requests
+        requests = max(0, math.floor(left))
+        if rpm > 0 and left < rpm:
+            reset_requests = (rpm - left) * REFILL_S / rpm
+    if tpm is not None:
+        left = levels.tokens
+        tokens = max(0, math.floor(left))
+        if tpm > 0 and left < tpm:
+            reset_tokens = (tpm - left) * REFILL_S / tpm
     return Verdict(
         allowed=allowed,
         reason=reason,
         retry_after_s=wait,
         remaining_requests=requests,
         remaining_tokens=tokens,
+        reset_requests_s=reset_requests,
+        reset_tokens_s=reset_tokens,
     )
 
 
@@ -271,13 +299,31 @@ def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int
     return prompt_tokens + (output_bound or 0) * sequences
 
 
-def rate_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
-    out = []
-    if verdict.remaining_requests is not None:
-        out.append((b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests))
-    if verdict.remaining_tokens is not None:
-        out.append((b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens))
+def rate_headers(verdict: Verdict, limits: Limits) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers for the key's request and token limits it has."""
+    out: list[tuple[bytes, bytes]] = []
+    rpm, tpm, _ = limits
+    remaining = verdict.remaining_requests
+    if rpm is not None and remaining is not None:
+        out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
+        out.append((b"x-ratelimit-remaining-requests", b"%d" % remaining))
+        out.append((b"x-ratelimit-reset-requests", duration(verdict.reset_requests_s)))
+    remaining = verdict.remaining_tokens
+    if tpm is not None and remaining is not None:
+        out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
+        out.append((b"x-ratelimit-remaining-tokens", b"%d" % remaining))
+        out.append((b"x-ratelimit-reset-tokens", duration(verdict.reset_tokens_s)))
     return out
+
+
+def duration(seconds: float) -> bytes:
+    """A reset time as OpenAI writes it, rounded up: `250ms` below a second, else `17s`, `6m0s`."""
+    if seconds < 1.0:
+        return b"%dms" % math.ceil(seconds * 1000.0) if seconds > 0.0 else b"0ms"
+    whole = math.ceil(seconds)
+    if whole < 60:
+        return b"%ds" % whole
+    return b"%dm%ds" % divmod(whole, 60)
 
 
 _MESSAGES: Final = {
@@ -288,13 +334,20 @@ _MESSAGES: Final = {
 }
 
 
-def refusal(verdict: Verdict) -> RateLimited:
-    headers = {k.decode(): v.decode() for k, v in rate_headers(verdict)}
-    code = "request_too_large" if verdict.reason == "too_large" else f"rate_limit_{verdict.reason}"
+def refusal(verdict: Verdict, limits: Limits) -> RateLimited:
+    """The 429 of a refused verdict. Its Retry-After is when the bucket holds enough again, in
+    whole seconds, at most a minute: a bucket refills whole in a minute, and clients (the openai
+    SDK among them) ignore a longer Retry-After for their own backoff."""
+    headers = {k.decode(): v.decode() for k, v in rate_headers(verdict, limits)}
+    too_large = verdict.reason == "too_large"
+    if too_large:
+        # Waiting never lets it through: clients that read this header (the OpenAI SDKs) stop.
+        headers["x-should-retry"] = "false"
+    code = "request_too_large" if too_large else f"rate_limit_{verdict.reason}"
     return RateLimited(
         f"rate limit reached for this key: {_MESSAGES[verdict.reason]}",
         code=code,
-        retry_after=max(1.0, math.ceil(verdict.retry_after_s)),
+        retry_after=max(1.0, min(float(math.ceil(verdict.retry_after_s)), REFILL_S)),
         headers=headers,
     )
 

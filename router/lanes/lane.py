@@ -13,6 +13,7 @@ from mypy_extensions import mypyc_attr
 from router.balance import Balancer
 from router.config.models import LaneConfig, RequestClass
 from router.fleet.pool import Pool
+from router.lanes.drain import Drain
 from router.lanes.settings import LaneSettings
 from router.observe.leanmetrics import HistogramValue
 
@@ -31,6 +32,8 @@ class Lane:
     waiting: int = 0
     model: str = ""  # the model it serves (its pools' `model`)
     name: str = ""  # the lane's name, read several times by every request; unset: its class's
+    # How fast its queue drains, for the Retry-After of the requests it refuses.
+    drain: Drain = field(default_factory=Drain)
     settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -36,6 +37,7 @@ from router.fleet.adapters import AdapterNeed, candidates_for
 from router.fleet.backend import Backend, Health, routable
 from router.keys.tenant import ANONYMOUS, Tenant
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
+from router.lanes.drain import retry_after_s
 from router.lanes.fairqueue import Band, Waiter, band_of
 from router.state.slots.budget import ALONE, Share
 
@@ -202,7 +204,12 @@ class PoolGate:
         self.end_attempt(ticket)
         if ticket.holds_lane:
             ticket.holds_lane = False
-            ticket.lane.in_flight -= 1
+            lane = ticket.lane
+            lane.in_flight -= 1
+            if lane.waiting:
+                lane.drain.completed(time.monotonic())
+            else:
+                lane.drain.idle()
             if self.waiting:
                 self._grant()
 
@@ -230,7 +237,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
                 code="queue_full",
-                retry_after=_retry_after(cfg.queue_timeout_s),
+                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
             )
 
     async def wait(self, ticket: Ticket) -> Backend:
@@ -246,7 +253,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
                 code="queue_timeout",
-                retry_after=_retry_after(cfg.queue_timeout_s),
+                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
             ) from None
         finally:
             # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
@@ -319,7 +326,9 @@ class PoolGate:
                 f"lane {ticket.lane.name!r} is full: {cfg.queue_limit} requests already waiting, "
                 "this key's the most of them",
                 code="queue_full",
-                retry_after=_retry_after(cfg.queue_timeout_s),
+                retry_after=retry_after_s(
+                    ticket.lane.drain, ticket.lane.waiting, cfg.queue_timeout_s, time.monotonic()
+                ),
             )
         )
         return True
@@ -467,7 +476,3 @@ def _refused(
         code=code,
         retry_after=1.0,
     )
-
-
-def _retry_after(queue_timeout_s: float) -> float:
-    return max(1.0, min(queue_timeout_s, 10.0))

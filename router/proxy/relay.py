@@ -80,10 +80,10 @@ def _admitted(ex: Attempt, verdict: Verdict, charge: Charge) -> Charge | None:
     """The charge to settle, or None when a shared store that could not be reached let the
     request through uncounted; a refused request raises."""
     if not verdict.allowed:
-        raise refusal(verdict)
+        raise refusal(verdict, charge.limits)
     if not verdict.recorded:
         return None
-    ex.response_headers.extend(rate_headers(verdict))
+    ex.response_headers.extend(rate_headers(verdict, charge.limits))
     if charge.limits.tpm is not None:
         ex.usage_tail = UsageTail()
     return charge

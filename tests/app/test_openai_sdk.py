@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 
-from tests.conftest import Stack
+from tests.conftest import Stack, router_stack
+from tests.proxy.test_handler_limits import LIMITED, with_limited_key
 from tests.support.fakebackend import Behaviour
 from tests.support.profiles import KEYS, MODEL
 
@@ -69,3 +72,22 @@ async def test_sdk_stream_cut_mid_way_surfaces_the_error_event(stack: Stack) -> 
             async for _ in stream:
                 pass
     assert "backend closed the connection" in err.value.message
+
+
+async def test_the_sdk_retries_a_rate_limited_request_after_the_routers_retry_after() -> None:
+    # 60 requests a minute: once the bucket is empty the next request is one second away at
+    # most, and the router says so; the SDK's own backoff, without it, would wait half a second.
+    async with (
+        router_stack(n_backends=1, shape=with_limited_key(rpm=60)) as stack,
+        openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=LIMITED, max_retries=1, timeout=10) as client,
+    ):
+        chat = client.chat.completions.with_raw_response
+        for _ in range(300):  # the bucket refills one request a second while this empties it
+            began = time.monotonic()
+            raw = await chat.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            took = time.monotonic() - began
+            if raw.retries_taken:
+                break
+    assert raw.retries_taken == 1 and raw.http_response.status_code == 200
+    assert took >= 1.0
+    assert raw.headers["x-ratelimit-limit-requests"] == "60"

@@ -17,6 +17,7 @@ from router.keys.ratelimit import (
     Limits,
     MemoryRateStore,
     charge,
+    duration,
     estimate_tokens,
     judge,
     parse_usage,
@@ -126,7 +127,7 @@ def test_estimate_is_the_prompt_plus_every_sequence_s_bound() -> None:
 async def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None:
     store, limits = MemoryRateStore(), Limits(rpm=1, tpm=1000)
     await store.acquire("k", limits, 10, 0.0)
-    err = refusal(await store.acquire("k", limits, 10, 0.0))
+    err = refusal(await store.acquire("k", limits, 10, 0.0), limits)
 
     assert isinstance(err, RateLimited) and err.status == 429
     assert err.code == "rate_limit_requests"
@@ -137,8 +138,68 @@ async def test_refusal_is_a_429_with_retry_after_and_remaining_headers() -> None
 
 
 async def test_headers_only_for_configured_limits() -> None:
-    verdict = await MemoryRateStore().acquire("k", Limits(rpm=5), 0, 0.0)
-    assert rate_headers(verdict) == [(b"x-ratelimit-remaining-requests", b"4")]
+    limits = Limits(rpm=5)
+    verdict = await MemoryRateStore().acquire("k", limits, 0, 0.0)
+    assert rate_headers(verdict, limits) == [
+        (b"x-ratelimit-limit-requests", b"5"),
+        (b"x-ratelimit-remaining-requests", b"4"),
+        (b"x-ratelimit-reset-requests", b"12s"),  # one request of 5 a minute
+    ]
+
+
+async def test_reset_headers_say_when_each_bucket_is_full_again() -> None:
+    store, limits = MemoryRateStore(), Limits(rpm=120, tpm=6000)
+    verdict = await store.acquire("k", limits, 1500, 0.0)
+    headers = dict(rate_headers(verdict, limits))
+
+    assert headers[b"x-ratelimit-limit-tokens"] == b"6000"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"4500"
+    assert headers[b"x-ratelimit-reset-tokens"] == b"15s"  # 1500 tokens at 100 a second
+    assert headers[b"x-ratelimit-reset-requests"] == b"500ms"  # one request at 2 a second
+    later = await store.acquire("k", limits, 1500, 10.0)  # 1000 tokens refilled meanwhile
+    assert dict(rate_headers(later, limits))[b"x-ratelimit-reset-tokens"] == b"20s"
+
+
+async def test_a_refusal_retries_when_the_bucket_holds_enough_again() -> None:
+    store, limits = MemoryRateStore(), Limits(tpm=6000)
+    await store.acquire("k", limits, 5800, 0.0)
+    refused = await store.acquire("k", limits, 500, 0.0)  # 300 short, at 100 tokens a second
+    assert dict(refusal(refused, limits).headers())[b"retry-after"] == b"3"
+    assert (await store.acquire("k", limits, 500, 3.0)).allowed
+
+
+async def test_a_debt_longer_than_a_minute_is_told_a_minute() -> None:
+    store, limits = MemoryRateStore(), Limits(tpm=600)
+    await store.acquire("k", limits, 600, 0.0)
+    await store.settle("k", limits, 600, 1800, 0.0)  # used three times its charge: -1200 left
+    refused = await store.acquire("k", limits, 100, 0.0)
+    assert refused.retry_after_s > 60.0
+    assert dict(refusal(refused, limits).headers())[b"retry-after"] == b"60"
+
+
+async def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
+    limits = Limits(tpm=600)
+    refused = await MemoryRateStore().acquire("k", limits, 601, 0.0)
+    headers = dict(refusal(refused, limits).headers())
+    assert headers[b"x-should-retry"] == b"false"
+    store, once = MemoryRateStore(), Limits(rpm=1)
+    await store.acquire("k", once, 1, 0.0)
+    ordinary = await store.acquire("k", once, 1, 0.0)
+    assert b"x-should-retry" not in dict(refusal(ordinary, once).headers())
+
+
+def test_durations_are_written_as_openai_writes_them() -> None:
+    assert [duration(s) for s in (0.0, 0.0204, 0.999, 1.0, 1.5, 59.5, 60.0, 360.0, 61.25)] == [
+        b"0ms",
+        b"21ms",
+        b"999ms",
+        b"1s",
+        b"2s",
+        b"1m0s",
+        b"1m0s",
+        b"6m0s",
+        b"1m2s",
+    ]
 
 
 def test_usage_from_a_json_body_tail() -> None:

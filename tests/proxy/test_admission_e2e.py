@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from tests.conftest import router_stack
+from tests.conftest import Stack, router_stack
 from tests.support.fakebackend import Behaviour
 from tests.support.profiles import MODEL, auth, profile
 
@@ -164,3 +166,64 @@ async def test_a_client_leaving_the_queue_frees_its_place() -> None:
             await first
         assert len(stack.backends[0].seen) == 1
         assert all(lane.in_flight == 0 for lane in runtime.lanes.values())
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll a router-side count (no backend event marks it) until it holds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def _refused_by_a_full_queue(stack: Stack, queue_limit: int, behaviour: Behaviour) -> httpx.Response:
+    """Measure how fast the chat lane's queue drains (three requests through its one slot, the
+    last two completing with requests still waiting), then fill its queue, held, so that one more
+    request is refused."""
+    lane = stack.state.runtime.lanes["chat"]
+    backend = stack.backends[0]
+    async with stack.client() as client:
+        hold = asyncio.Event()
+        backend.behaviour = dataclasses.replace(behaviour, hold=hold)
+        measured = [asyncio.ensure_future(_post(client, SHORT)) for _ in range(3)]
+        await _until(lambda: lane.waiting == 2)
+        hold.set()
+        done = await asyncio.gather(*measured)
+        assert [r.status_code for r, _ in done] == [200] * 3
+        backend.behaviour = dataclasses.replace(behaviour, hold=asyncio.Event())
+        queued = [asyncio.ensure_future(_post(client, SHORT)) for _ in range(queue_limit + 1)]
+        try:
+            await _until(lambda: lane.waiting == queue_limit)
+            refused, _ = await _post(client, SHORT)
+        finally:
+            for request in queued:
+                request.cancel()
+            await asyncio.gather(*queued, return_exceptions=True)
+    return refused
+
+
+async def test_a_fast_queue_is_told_to_retry_in_a_second() -> None:
+    shape = shaped(chat={"max_in_flight": 1, "queue_limit": 2, "queue_timeout_s": 30})
+    async with router_stack(n_backends=1, shape=shape) as stack:
+        refused = await _refused_by_a_full_queue(stack, 2, Behaviour(tokens=2))
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+    assert refused.headers["retry-after"] == "1"
+
+
+# Each request holds the lane's only slot for at least half a second: the queue drains two
+# requests a second at most, so the 24 ahead take 12 s or more.
+SLOW = Behaviour(tokens=2, ttft_s=0.5)
+
+
+async def test_a_slow_queue_is_told_the_time_its_requests_ahead_take() -> None:
+    shape = shaped(chat={"max_in_flight": 1, "queue_limit": 24, "queue_timeout_s": 60})
+    async with router_stack(n_backends=1, shape=shape) as stack:
+        refused = await _refused_by_a_full_queue(stack, 24, SLOW)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+    assert 12 <= int(refused.headers["retry-after"]) <= 60
+
+
+async def test_a_queue_is_never_told_to_retry_later_than_its_timeout() -> None:
+    shape = shaped(chat={"max_in_flight": 1, "queue_limit": 24, "queue_timeout_s": 8})
+    async with router_stack(n_backends=1, shape=shape) as stack:
+        refused = await _refused_by_a_full_queue(stack, 24, SLOW)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "8"

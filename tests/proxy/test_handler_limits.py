@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -43,6 +44,39 @@ async def test_requests_per_minute_refuse_with_429_and_forward_nothing() -> None
         assert stack.forwarded() == 2
         text = stack.state.metrics.exposition().decode()
         assert 'lane_router_rejected_total{reason="rate_limit_requests"} 1.0' in text
+
+
+async def test_a_tokens_per_minute_refusal_says_when_the_bucket_holds_enough_again() -> None:
+    async with (
+        router_stack(n_backends=1, shape=with_limited_key(rpm=10, tpm=6000)) as stack,
+        stack.client() as client,
+    ):
+        # The first request keeps its charge (no usage settles it) until the second is refused.
+        release = asyncio.Event()
+        stack.backends[0].behaviour = Behaviour(tokens=2, hold=release)
+        big = {**WHOLE, "max_tokens": 4000}
+        first = asyncio.ensure_future(client.post("/v1/chat/completions", json=big, headers=HEADERS))
+        await stack.wait_until(lambda: len(stack.backends[0].seen) == 1)
+        refused = await client.post("/v1/chat/completions", json=big, headers=HEADERS)
+        release.set()
+        admitted = await first
+
+    assert admitted.status_code == 200 and refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_tokens"
+    estimate = 6000 - int(admitted.headers["x-ratelimit-remaining-tokens"])  # charged from full
+    assert estimate > 4000
+    # The bucket refills 100 tokens a second; it held `left` and a part of one more when refused.
+    left = int(refused.headers["x-ratelimit-remaining-tokens"])
+    wait = {math.ceil((estimate - left - 1) / 100), math.ceil((estimate - left) / 100)}
+    assert int(refused.headers["retry-after"]) in wait
+    for answer in (admitted, refused):
+        assert answer.headers["x-ratelimit-limit-tokens"] == "6000"
+        assert answer.headers["x-ratelimit-limit-requests"] == "10"
+    # Admitted from full buckets: the charge refills at 100 tokens and 1/6 request a second.
+    assert admitted.headers["x-ratelimit-remaining-requests"] == "9"
+    assert admitted.headers["x-ratelimit-reset-requests"] == "6s"
+    assert admitted.headers["x-ratelimit-reset-tokens"] == f"{math.ceil(estimate / 100)}s"
+    assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
 
 
 async def test_tokens_per_minute_are_corrected_by_the_reported_usage() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from redis.asyncio import Redis
 from router.config.load import ConfigError, parse_profile
 from router.config.models import StateConfig
 from router.errors import Unavailable
-from router.keys.ratelimit import Limits, MemoryRateStore, RateStore, Verdict
+from router.keys.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, refusal
 from router.lanes.slowclient import SlowClients
 from router.observe.metrics import Metrics
 from router.state.redisstores import RedisRateStore, RedisSlowClients
@@ -94,6 +95,25 @@ async def test_tokens_per_minute_and_their_correction_are_shared(
     await a.settle("k", limits, 300, 50, 0.0)  # used 50 of the 300 charged: 250 back
     after = await b.acquire("k", limits, 300, 0.0)
     assert after.allowed and after.remaining_tokens == 50  # 100 left + 250 back - 300, plus a trickle
+
+
+async def test_a_shared_bucket_tells_a_refusal_and_an_admission_its_refill(
+    redis: RedisServer, replicas: Replicas
+) -> None:
+    a, b = RedisRateStore(replicas.open(redis.url)), RedisRateStore(replicas.open(redis.url))
+    limits = Limits(tpm=6000)
+    first = await a.acquire("k", limits, 5800, 0.0)
+    refused = await b.acquire("k", limits, 500, 0.0)
+
+    # 5800 taken of a full bucket: refilled in 58 s at 100 tokens a second.
+    assert first.allowed and first.reset_tokens_s == pytest.approx(58.0)
+    assert not refused.allowed and refused.reason == "tokens"
+    # 300 tokens short of 500, less what refilled between the two calls.
+    assert 0.0 < refused.retry_after_s <= 3.0
+    assert refused.reset_tokens_s <= 58.0
+    headers = dict(refusal(refused, limits).headers())
+    assert headers[b"retry-after"] == b"%d" % max(1, math.ceil(refused.retry_after_s))
+    assert headers[b"x-ratelimit-limit-tokens"] == b"6000"
 
 
 async def test_concurrency_slots_are_shared_and_released(redis: RedisServer, replicas: Replicas) -> None:
