@@ -10,6 +10,9 @@ from typing import Any
 
 DEFAULT_WORKLOAD = Path("config/workloads/mixed-six.yaml")
 DEFAULT_PRESET = "h100-llama3-8b"
+TENANTS_WORKLOAD = Path("config/workloads/noisy-tenant.yaml")
+# router/lab/bench/tenants.py MODES, named here so that `--help` imports no simulator.
+TENANT_MODES = ("fifo", "fair", "fair-tokens")
 # router/lab/bench/lanepolicies.py EXPERIMENTS, named here so that `--help` imports no experiment.
 EXPERIMENT_NAMES = ("admission", "affinity", "p2c", "slow")
 
@@ -26,6 +29,7 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     _register_run(sub)
     _register_compare(sub)
     _register_lanes(sub)
+    _register_tenants(sub)
     bench.set_defaults(func=lambda _args: _usage(bench))
 
 
@@ -61,6 +65,40 @@ def _register_lanes(sub: Any) -> None:
         "--duration", type=float, help="seconds of arrivals per run (default: each experiment's)"
     )
     lanes.set_defaults(func=cmd_lanes)
+
+
+def _register_tenants(sub: Any) -> None:
+    tenants = sub.add_parser(
+        "tenants",
+        help="a workload's tenants on a shared lane: first come first served vs fair queueing",
+        description="Run a workload that names tenants (default: one floods a shared lane, three "
+        "keep their rate) on the simulator's virtual clock, with the router's lane queue, once per "
+        "mode: fifo (every tenant one key), fair (a key per tenant, by requests), fair-tokens (by "
+        "tokens). Prints per tenant the share of requests that met its SLO, TTFT p50/p95 and "
+        "answered throughput, side by side; writes tenants.md and tenants.png to --out.",
+    )
+    tenants.add_argument(
+        "--workload", type=Path, default=TENANTS_WORKLOAD, help=f"workload file (default {TENANTS_WORKLOAD})"
+    )
+    tenants.add_argument("--rate", type=float, default=10.0, help="offered load, requests/s (default 10)")
+    tenants.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals (default 40)")
+    tenants.add_argument("--seed", type=int, help="override the workload's seed")
+    tenants.add_argument(
+        "--modes",
+        default="fifo,fair",
+        help=f"comma-separated, of {', '.join(TENANT_MODES)} (default fifo,fair)",
+    )
+    tenants.add_argument(
+        "--profile",
+        type=Path,
+        help="the router's profile (default: the lab's, one lane of four slots on one engine)",
+    )
+    tenants.add_argument(
+        "--preset", default=DEFAULT_PRESET, help=f"simulator preset (default {DEFAULT_PRESET})"
+    )
+    tenants.add_argument("--out", type=Path, default=Path("lab-results/tenants"), help="output directory")
+    tenants.add_argument("--no-progress", dest="progress", action="store_false")
+    tenants.set_defaults(func=cmd_tenants)
 
 
 def _register_overhead(sub: Any) -> None:
@@ -310,6 +348,42 @@ def cmd_lanes(args: argparse.Namespace) -> int:
     from router.lab.bench.lanepolicies import run_experiments
 
     return run_experiments(args.experiments, args.duration)
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in TENANT_MODES]
+    if unknown or not modes:
+        raise ValueError(f"--modes: {', '.join(unknown) or 'none'} (choose from {', '.join(TENANT_MODES)})")
+    return modes
+
+
+def cmd_tenants(args: argparse.Namespace) -> int:
+    from router.config.load import ConfigError
+    from router.lab.bench.tenants import load_lab_profile, run_tenants, table_md, write_results
+    from router.lab.bench.workload import load_workload
+    from router.lab.sim.timing import load_preset
+
+    try:
+        modes = parse_modes(args.modes)
+        workload = load_workload(args.workload)
+        runs = run_tenants(
+            workload,
+            load_lab_profile(args.profile),
+            load_preset(args.preset),
+            rate=args.rate,
+            duration=args.duration,
+            modes=modes,
+            seed=args.seed,
+            progress=args.progress,
+        )
+        command = " ".join(["lane-router", *sys.argv[1:]])
+        paths = write_results(workload, args.rate, runs, args.out, command)
+    except (ConfigError, ValueError, OSError) as err:
+        return _fail(err)
+    print(table_md(workload, args.rate, runs))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -17,11 +17,11 @@ import hashlib
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router.lab.bench.text import TextSource
-from router.lab.bench.workload import ClassSpec, Documents, Session, TokenDist, WorkloadSpec
+from router.lab.bench.workload import ClassSpec, Documents, Session, TenantSpec, TokenDist, WorkloadSpec
 
 CLIENT_HEADER = "x-client-id"
 _TOOL_NAMES = ("search_index", "read_file", "run_query", "fetch_page", "call_api", "list_items")
@@ -47,6 +47,7 @@ class Request:
     think_s: float = 0.0
     read_bytes_per_s: float | None = None  # bytes/s a slow reader takes instead (lane experiments)
     extra_headers: tuple[tuple[str, str], ...] = ()
+    tenant: str = ""  # the workload tenant (API key) that sends it, if the workload names tenants
 
     @property
     def headers(self) -> tuple[tuple[str, str], ...]:
@@ -147,7 +148,10 @@ class Generator:
         if rate <= 0 or duration <= 0:
             raise ValueError("rate and duration must be > 0")
         items: list[Item] = []
-        for cls, cspec in self.spec.classes.items():
+        if self.spec.tenants:
+            for tenant in self.spec.tenants:
+                items.extend(self._tenant_items(tenant, rate, duration))
+        for cls, cspec in self.spec.classes.items() if not self.spec.tenants else ():
             items.extend(self._class_items(cls.value, cspec, rate, duration))
         items.sort(
             key=lambda i: (i.arrival, i.steps[0].request_id if isinstance(i, SessionPlan) else i.request_id)
@@ -170,11 +174,34 @@ class Generator:
             yield self._item(cls, spec, n, t, shapes)
             n += 1
 
-    def _item(self, cls: str, spec: ClassSpec, n: int, t: float, rng: random.Random) -> Item:
-        rid = f"{cls}-{n:06d}"
+    # ---- per tenant --------------------------------------------------------------------------
+    def _tenant_items(self, tenant: TenantSpec, rate: float, duration: float) -> Iterator[Item]:
+        """The tenant's requests of each of its classes: Poisson at its rate × the class share,
+        squeezed into its bursts if it has any; `--rate` scales the tenants given a share."""
+        for cls, share in self.spec.tenant_classes(tenant).items():
+            spec = self.spec.spec(cls)
+            if tenant.output_tokens is not None:
+                spec = spec.model_copy(update={"output_tokens": tenant.output_tokens})
+            arrivals_per_s = tenant.rate_at(rate) * share / spec.mean_steps
+            times = random.Random(f"{self.seed}:{tenant.name}:{cls}:time")
+            shapes = random.Random(f"{self.seed}:{tenant.name}:{cls}:shape")
+            on_time = 0.0
+            n = 0
+            while True:
+                on_time += times.expovariate(1.0) / arrivals_per_s
+                t = tenant.bursts.at(on_time * tenant.bursts.duty) if tenant.bursts else on_time
+                if t >= duration:
+                    break
+                yield _of_tenant(self._item(cls, spec, n, t, shapes, tenant.name), tenant.name)
+                n += 1
+
+    def _item(
+        self, cls: str, spec: ClassSpec, n: int, t: float, rng: random.Random, tenant: str = ""
+    ) -> Item:
+        rid = f"{tenant}-{cls}-{n:06d}" if tenant else f"{cls}-{n:06d}"
         if spec.session is not None:
-            return self._session(cls, spec, spec.session, n, t, rng)
-        client = self._client(cls, spec, rng)
+            return self._session(cls, spec, spec.session, n, t, rng, rid)
+        client = self._client(f"{tenant}:{cls}" if tenant else cls, spec, rng)
         output = draw(spec.output_tokens, rng)
         if spec.documents is not None:
             assert spec.question_tokens is not None
@@ -248,9 +275,16 @@ class Generator:
 
     # ---- agent sessions ----------------------------------------------------------------------
     def _session(
-        self, cls: str, spec: ClassSpec, session: Session, n: int, t: float, rng: random.Random
+        self,
+        cls: str,
+        spec: ClassSpec,
+        session: Session,
+        n: int,
+        t: float,
+        rng: random.Random,
+        sid: str = "",
     ) -> SessionPlan:
-        sid = f"{cls}-{n:06d}"
+        sid = sid or f"{cls}-{n:06d}"
         client = client_id(self.seed, cls, rng.randrange(spec.clients))
         steps = draw(session.steps, rng)
         initial = draw(session.initial_tokens, rng)
@@ -336,6 +370,12 @@ class Generator:
             }
             for i in range(count)
         ]
+
+
+def _of_tenant(item: Item, tenant: str) -> Item:
+    if isinstance(item, SessionPlan):
+        return replace(item, steps=tuple(replace(step, tenant=tenant) for step in item.steps))
+    return replace(item, tenant=tenant)
 
 
 def generate(

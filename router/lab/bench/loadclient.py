@@ -130,6 +130,7 @@ def new_outcome(req: Request, arrival: float) -> Outcome:
         max_tokens=req.output_tokens,
         session=req.session,
         step=req.step,
+        tenant=req.tenant,
     )
 
 

@@ -40,6 +40,7 @@ class Outcome:
     error: str | None = None
     session: str | None = None
     step: int = 0
+    tenant: str = ""  # the workload tenant that sent it (workloads that name tenants)
 
     @property
     def ok(self) -> bool:

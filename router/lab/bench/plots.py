@@ -2,16 +2,22 @@
 
 * TTFT CDF per class, one line per profile, at one offered load;
 * SLO attainment per class, one bar per profile, at one offered load, with the gate line;
-* goodput against offered load, one line per profile (pass points filled, fail points hollow).
+* goodput against offered load, one line per profile (pass points filled, fail points hollow);
+* per tenant of a shared lane, SLO attainment and TTFT p95, one bar per queueing mode.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.lab.bench.compare import Comparison
+
+if TYPE_CHECKING:
+    from router.lab.bench.tenants import ModeRun
+    from router.lab.bench.workload import WorkloadSpec
 
 
 def _pyplot() -> Any:
@@ -135,3 +141,33 @@ def write_plots(c: Comparison, out_dir: Path, rate: float | None = None) -> list
 def pick_plot_rate(c: Comparison) -> float:
     passing = [p.rate for p in c.points if p.stats.passed]
     return max(passing) if passing else min(c.spec.rates)
+
+
+def tenant_bars(workload: WorkloadSpec, rate: float, runs: Sequence[ModeRun], path: Path) -> Path:
+    """Per tenant, one bar per mode: the share of its requests that met its SLO, and its TTFT p95."""
+    plt = _pyplot()
+    names = [t.name for t in workload.tenants]
+    width = 0.8 / max(1, len(runs))
+    fig, (met, ttft) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for j, run in enumerate(runs):
+        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(names))]
+        stats = [run.of(name) for name in names]
+        met.bar(xs, [s.attainment * 100 for s in stats], width=width, label=run.mode)
+        ttft.bar(
+            xs, [0.0 if math.isnan(s.ttft_p95) else s.ttft_p95 for s in stats], width=width, label=run.mode
+        )
+    for ax in (met, ttft):
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names)
+        ax.grid(True, axis="y", alpha=0.3)
+    met.set_ylim(0, 105)
+    met.set_ylabel("requests meeting the tenant's SLO (%)")
+    met.axhline(workload.gate.min_attainment * 100, color="black", linestyle="--", linewidth=1)
+    ttft.set_yscale("log")
+    ttft.set_ylabel("TTFT p95 of answered requests (s)")
+    met.legend(fontsize=8)
+    fig.suptitle(f"{workload.name} at {rate:g} req/s: each tenant, per queueing mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -9,9 +9,10 @@ prefix and slow-client memories are fed virtual time instead of the wall clock �
 client is noticed: the relay measures undelivered bytes on real sockets, here they come from the
 modelled reader (`router.lab.bench.reader`) and the simulator's own SSE bytes.
 
-Not modelled: the router's admission (lane `max_in_flight`, per-backend prefill limits, the
-priority queue with deadlines). Every request is placed at once; waiting happens in the engine's
-own queue, first come first served.
+Not modelled unless a `VirtualGate` is given: the router's admission (lane `max_in_flight`,
+its queue, fair across keys, with deadlines; router/lab/bench/lanequeue.py). Without one every
+request is placed at once and waits in the engine's own queue, first come first served. The
+per-backend prefill limits are not modelled either way.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ from dataclasses import dataclass
 
 import orjson
 
-from router.balance import corrected_load
+from router.balance import Affinity, corrected_load
 from router.config.models import ProfileConfig
 from router.errors import RouterError
 from router.keys.auth import ApiKey
+from router.keys.tenant import ANONYMOUS, Tenant
+from router.lab.bench.lanequeue import VirtualGate
 from router.lab.bench.reader import ReadStream, first_lag
 from router.lab.sim.protocol import ChunkWriter
-from router.lab.sim.vclock import BackendState, TraceRequest
+from router.lab.sim.vclock import WAIT, BackendState, TraceRequest
 from router.lanes.classify import Signals, classify
+from router.lanes.lane import Lane
 from router.lanes.slowclient import client_identity
 from router.observe.metrics import Metrics
 from router.proxy.handler import affinity_for
@@ -83,7 +87,9 @@ class Seen:
 class VirtualRouter:
     """`pick(states, request)` as the router would place `request` at its arrival time."""
 
-    def __init__(self, cfg: ProfileConfig, key: ApiKey | None = None) -> None:
+    def __init__(
+        self, cfg: ProfileConfig, key: ApiKey | None = None, gate: VirtualGate | None = None
+    ) -> None:
         # Keys are not needed to route (the caller's key is given) and may name env variables
         # that are not set here. The engines are simulated: prompts are counted as they count them.
         self.runtime: Runtime = build_runtime(
@@ -92,6 +98,9 @@ class VirtualRouter:
         self.key = key or open_key()
         self.decisions: dict[str, Decision] = {}
         self.clients: dict[str, str] = {}  # request id → the X-Client-Id it carries
+        self.gate = gate
+        self.tenants: dict[str, Tenant] = {}  # request id → the key it waits as (with a gate)
+        self._lanes: dict[str, Lane] = {}  # request id → its lane, while it holds a slot
         self._piece_bytes = sse_piece_bytes(cfg)
 
     def _identity(self, request_id: str) -> str | None:
@@ -111,7 +120,19 @@ class VirtualRouter:
         if lagged_at is not None:
             self.runtime.slow_clients.mark(identity, lagged_at)
 
+    def finished(self, request_id: str, now: float) -> list[str]:
+        """The request is done: with a gate, the ids of the waiters its slot now goes to."""
+        if self.gate is None:
+            return []
+        self._lanes.pop(request_id, None)
+        return self.gate.finished(request_id, now)
+
     def pick(self, states: Sequence[BackendState], req: TraceRequest) -> int | None:
+        gate = self.gate
+        if gate is not None and gate.holds(req.request_id):
+            # A waiter that was handed a slot: placed now, as the router's waiter is.
+            lane = self._lanes[req.request_id]
+            return _place(lane, states, gate.affinity(req.request_id))
         runtime = self.runtime
         rules = runtime.classify_rules
         try:
@@ -137,10 +158,25 @@ class VirtualRouter:
         self.decisions[req.request_id] = Decision(
             decision.cls.value, decision.reason.value, lane.name, lane.pool.name
         )
-        candidates = [Seen.of(s) for s in states if s.pool == lane.pool.name]
-        if not candidates:
-            return None
-        return lane.balancer.pick(candidates, affinity_for(lane, facts, runtime)).index
+        affinity = affinity_for(lane, facts, runtime)
+        if gate is not None:
+            tenant = self.tenants.get(req.request_id, ANONYMOUS)
+            tokens = facts.prompt_tokens + (facts.max_tokens or 0)
+            verdict = gate.arrive(req.request_id, lane, tenant, tokens, affinity, req.arrival)
+            if verdict == "refused":
+                return None
+            self._lanes[req.request_id] = lane
+            if verdict == "wait":
+                return WAIT
+        return _place(lane, states, affinity)
+
+
+def _place(lane: Lane, states: Sequence[BackendState], affinity: Affinity) -> int | None:
+    """The lane's balancer over its pool's backends."""
+    candidates = [Seen.of(s) for s in states if s.pool == lane.pool.name]
+    if not candidates:
+        return None
+    return lane.balancer.pick(candidates, affinity).index
 
 
 def sse_piece_bytes(cfg: ProfileConfig) -> Callable[[int], int]:

@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.config.models import PoolConfig, ProfileConfig
+from router.keys.tenant import Tenant
 from router.lab.bench.generate import Request, SessionPlan, Trace
+from router.lab.bench.lanequeue import Cost, VirtualGate
 from router.lab.bench.loadclient import new_outcome
 from router.lab.bench.outcome import Outcome
 from router.lab.bench.progress import Bar
@@ -27,6 +29,8 @@ from router.lab.sim.profile import engine_config
 from router.lab.sim.timing import Preset
 from router.lab.sim.vclock import BackendSummary, RequestRecord, TraceRequest, VirtualBackend, VirtualCluster
 
+SHARED_KEY = Tenant("shared")  # every tenant's requests as one key's: the queue is FIFO
+
 
 @dataclass(frozen=True, slots=True)
 class VirtualOptions:
@@ -35,6 +39,12 @@ class VirtualOptions:
     scrape_interval: float = 0.0
     progress: bool = True
     desc: str = "virtual"
+    # Model the lanes' admission and queue (router/lab/bench/lanequeue.py), each waiter costing
+    # one request or its tokens; None: every request goes to an engine at once.
+    queue: Cost | None = None
+    # With a queue: each workload tenant waits as its own key (fair across them), or every
+    # request as one key (first come, first served).
+    key_per_tenant: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +127,14 @@ def profile_backends(
 
 
 class _Driver:
-    def __init__(self, trace: Trace, router: VirtualRouter, backends: list[VirtualBackend], bar: Bar) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        router: VirtualRouter,
+        backends: list[VirtualBackend],
+        bar: Bar,
+        key_per_tenant: bool = True,
+    ) -> None:
         self.trace = trace
         self.router = router
         self.backends = backends
@@ -125,6 +142,11 @@ class _Driver:
         self.requests: dict[str, Request] = {}
         self.sessions: dict[str, SessionPlan] = {}
         self.abandoned: list[Outcome] = []
+        self.cluster: VirtualCluster | None = None
+        self.keys = {
+            t.name: Tenant(t.name, t.weight, t.tier) if key_per_tenant else SHARED_KEY
+            for t in trace.workload.tenants
+        }
 
     def initial(self) -> list[TraceRequest]:
         out = []
@@ -138,10 +160,12 @@ class _Driver:
     def _trace_request(self, req: Request, at: float) -> TraceRequest:
         self.requests[req.request_id] = req
         self.router.clients[req.request_id] = req.client_id
+        self.router.tenants[req.request_id] = self.keys.get(req.tenant, SHARED_KEY)
         return TraceRequest(request_id=req.request_id, arrival=at, body=req.body, kind="chat", label=req.cls)
 
     def on_done(self, rec: RequestRecord, now: float) -> list[TraceRequest]:
         self.bar.update()
+        self._admit(rec.request_id, now)
         req = self.requests[rec.request_id]
         if req.read_rate is not None and rec.first_token is not None:
             stream = read_stream(rec.first_token, rec.itl, rec.output_tokens, req.read_rate)
@@ -161,6 +185,19 @@ class _Driver:
             return []
         nxt = rest[0]
         return [self._trace_request(nxt, now + nxt.think_s)]
+
+    def _admit(self, request_id: str, now: float) -> None:
+        """The router's queue after a request ended: its slot to the next waiters, and the
+        waiters it refused (deadline passed, or their place taken by another key) answered 503."""
+        cluster = self.cluster
+        assert cluster is not None
+        for granted in self.router.finished(request_id, now):
+            cluster.release(granted, now)
+        gate = self.router.gate
+        while gate is not None and gate.refused:
+            refused, gate.refused = gate.refused, []
+            for rid in refused:
+                cluster.refuse(rid, 503, now)
 
     def outcome(self, rec: RequestRecord) -> Outcome:
         req = self.requests[rec.request_id]
@@ -193,11 +230,16 @@ def run_virtual(
     """Simulate `trace` on the engines of `cfg` (or `opts.engines` of them, spread over its pools)."""
     opts = opts or VirtualOptions()
     backends = profile_backends(cfg, preset, opts.engines, opts.pool_engines)
-    router = VirtualRouter(cfg)
-    with Bar(trace.request_count, opts.desc, enabled=opts.progress) as bar:
-        driver = _Driver(trace, router, backends, bar)
-        cluster = VirtualCluster(backends, scrape_interval=opts.scrape_interval)
-        result = cluster.run(driver.initial(), router.pick, driver.on_done)
+    gate = VirtualGate(opts.queue) if opts.queue is not None else None
+    router = VirtualRouter(cfg, gate=gate)
+    try:
+        with Bar(trace.request_count, opts.desc, enabled=opts.progress) as bar:
+            driver = _Driver(trace, router, backends, bar, opts.key_per_tenant)
+            cluster = driver.cluster = VirtualCluster(backends, scrape_interval=opts.scrape_interval)
+            result = cluster.run(driver.initial(), router.pick, driver.on_done)
+    finally:
+        if gate is not None:
+            gate.close()
     outcomes = [driver.outcome(r) for r in result.records] + driver.abandoned
     return VirtualRun(outcomes, pool_use(result.backends, result.records), result.end_time)
 

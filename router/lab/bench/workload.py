@@ -177,12 +177,52 @@ class Gate(Strict):
         return self.min_attainment
 
 
+class Bursts(Strict):
+    """Arrivals only in the first `duty` share of every `period_s`, at the rate that keeps the
+    tenant's mean (a tenant that floods in bursts)."""
+
+    period_s: float = Field(gt=0)
+    duty: float = Field(gt=0, le=1)
+
+    def at(self, on_time: float) -> float:
+        """The time of the moment `on_time` seconds into the bursts."""
+        span = self.period_s * self.duty
+        k = math.floor(on_time / span)
+        return k * self.period_s + (on_time - k * span)
+
+
+class TenantSpec(Strict):
+    """One tenant (one API key): its part of the load — a `share` of the offered rate or its own
+    `rate` — its key's `weight` and `tier`, and optionally its own class mix (`classes`: shares
+    of the workload's classes), answer lengths and SLO in place of its classes'."""
+
+    name: str = Field(min_length=1)
+    share: float | None = Field(None, gt=0, le=1)
+    rate: float | None = Field(None, gt=0)
+    weight: float = Field(1.0, gt=0, le=1000)
+    tier: int = Field(0, ge=0, le=100)
+    bursts: Bursts | None = None
+    classes: dict[RequestClass, float] | None = None
+    output_tokens: TokenDist | None = None
+    slo: Slo | None = None
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> TenantSpec:
+        if (self.share is None) == (self.rate is None):
+            raise ValueError("give exactly one of share (of the offered rate) or rate (requests/s)")
+        return self
+
+    def rate_at(self, offered: float) -> float:
+        return self.rate if self.rate is not None else offered * (self.share or 0.0)
+
+
 class WorkloadSpec(Strict):
     name: str = Field(min_length=1)
     description: str = ""
     seed: int = 0
     model: str | None = None
     classes: dict[RequestClass, ClassSpec] = Field(min_length=1)
+    tenants: tuple[TenantSpec, ...] = ()
     gate: Gate = Gate()
 
     @model_validator(mode="after")
@@ -197,6 +237,46 @@ class WorkloadSpec(Strict):
 
     def spec(self, cls: str) -> ClassSpec:
         return self.classes[RequestClass(cls)]
+
+    def tenant(self, name: str) -> TenantSpec:
+        return next(t for t in self.tenants if t.name == name)
+
+    def tenant_classes(self, tenant: TenantSpec) -> dict[str, float]:
+        """The tenant's class mix: its own, else the workload's shares."""
+        if tenant.classes is not None:
+            return {cls.value: share for cls, share in tenant.classes.items()}
+        return {cls.value: spec.share for cls, spec in self.classes.items()}
+
+    def slo_of(self, cls: str, tenant: str = "") -> Slo:
+        """The SLO a request of `cls` sent by `tenant` is held to: the tenant's, else the class's."""
+        own = self.tenant(tenant).slo if tenant and self.tenants else None
+        return own if own is not None else self.spec(cls).slo
+
+
+def tenant_issues(spec: WorkloadSpec) -> list[ConfigIssue]:
+    """What the tenants say that the workload contradicts: a name twice, a class the workload
+    does not have, class shares or tenant shares that do not add up to 1."""
+    issues: list[ConfigIssue] = []
+    seen: set[str] = set()
+    for i, tenant in enumerate(spec.tenants):
+        at = f"tenants[{i}]"
+        if tenant.name in seen:
+            issues.append(ConfigIssue(f"{at}.name", f"tenant {tenant.name!r} is named twice"))
+        seen.add(tenant.name)
+        if tenant.classes is None:
+            continue
+        for cls, share in tenant.classes.items():
+            if cls not in spec.classes:
+                issues.append(ConfigIssue(f"{at}.classes.{cls.value}", "not a class of this workload"))
+            elif share <= 0:
+                issues.append(ConfigIssue(f"{at}.classes.{cls.value}", "must be > 0"))
+        total = sum(tenant.classes.values())
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            issues.append(ConfigIssue(f"{at}.classes", f"class shares must add up to 1, got {total:g}"))
+    shares = [t.share for t in spec.tenants if t.share is not None]
+    if shares and abs(sum(shares) - 1.0) > SHARE_TOLERANCE:
+        issues.append(ConfigIssue("tenants", f"tenant shares must add up to 1, got {sum(shares):g}"))
+    return issues
 
 
 _PHRASES = {
@@ -219,9 +299,13 @@ def parse_workload(data: Any, source: str = "<workload>") -> WorkloadSpec:
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigIssue("(top level)", "must be a mapping")])
     try:
-        return WorkloadSpec.model_validate(data)
+        spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, [_issue(e) for e in exc.errors(include_url=False)]) from None
+    issues = tenant_issues(spec)
+    if issues:
+        raise ConfigError(source, issues)
+    return spec
 
 
 def load_workload(path: str | Path) -> WorkloadSpec:

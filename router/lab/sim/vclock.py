@@ -64,6 +64,9 @@ class BackendState:
 
 
 PickFn = Callable[[Sequence[BackendState], TraceRequest], int | None]
+# What a pick function returns for a request that waits at the router: it stays open until the
+# caller `release`s it (picked again then) or `refuse`s it.
+WAIT = -1
 # Called once per request when its outcome is final (answered, refused or rejected), with the
 # virtual time; returns follow-up requests to add (e.g. an agent's next step after think time).
 DoneFn = Callable[["RequestRecord", float], Iterable[TraceRequest]]
@@ -143,6 +146,7 @@ class VirtualCluster:
         self._seq = itertools.count()
         self._records: list[RequestRecord] = []
         self._on_done: DoneFn | None = None
+        self._held: dict[str, tuple[TraceRequest, RequestRecord]] = {}
 
     # ---- public ------------------------------------------------------------------------------
     def run(
@@ -165,6 +169,16 @@ class VirtualCluster:
             else:
                 self._deliver(payload[0], payload[1], now)
         return SimulationResult(records, [self._summary(i) for i in range(len(self.engines))], now)
+
+    def release(self, request_id: str, at: float) -> None:
+        """A request that waited (`WAIT`) arrives at the pick function again at `at`."""
+        self._push(at, _ARRIVE, self._held.pop(request_id))
+
+    def refuse(self, request_id: str, status: int, at: float) -> None:
+        """A request that waited (`WAIT`) is answered `status` at `at` without reaching an engine."""
+        _, rec = self._held.pop(request_id)
+        rec.status = status
+        self._done(rec, at)
 
     def states(self, now: float) -> list[BackendState]:
         if now - self._scraped_at >= self.scrape_interval:
@@ -202,6 +216,9 @@ class VirtualCluster:
 
     def _arrive(self, now: float, t: TraceRequest, rec: RequestRecord, pick: PickFn) -> None:
         index = pick(self.states(now), t)
+        if index == WAIT:
+            self._held[t.request_id] = (t, rec)
+            return
         if index is None:
             rec.status = 0
             self._done(rec, now)

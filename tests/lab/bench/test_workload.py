@@ -36,6 +36,8 @@ def changed(**paths: Any) -> dict[str, Any]:
 def test_shipped_workloads_are_valid(path: Path) -> None:
     spec = load_workload(path)
     assert sum(c.share for c in spec.classes.values()) == pytest.approx(1.0)
+    if spec.tenants:  # a tenants' workload needs only the classes its tenants send
+        return
     assert set(spec.class_names()) == {"chat", "rag", "long_context", "agent", "batch", "slow_stream"}
 
 
