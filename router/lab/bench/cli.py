@@ -80,7 +80,12 @@ def _register_tenants(sub: Any) -> None:
     tenants.add_argument(
         "--workload", type=Path, default=TENANTS_WORKLOAD, help=f"workload file (default {TENANTS_WORKLOAD})"
     )
-    tenants.add_argument("--rate", type=float, default=10.0, help="offered load, requests/s (default 10)")
+    tenants.add_argument(
+        "--rate",
+        type=float,
+        default=8.0,
+        help="offered load of the tenants given a share, requests/s (default 8)",
+    )
     tenants.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals (default 40)")
     tenants.add_argument("--seed", type=int, help="override the workload's seed")
     tenants.add_argument(

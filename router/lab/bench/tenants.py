@@ -11,13 +11,15 @@ Each mode runs the same seeded trace through `run_virtual` with the lanes' admis
 * `fair-tokens` — the same, each waiter costing its prompt and output tokens.
 
 Per tenant: requests sent, the share that met the tenant's SLO (its own, else its class's), TTFT
-p50/p95 of the answered ones, and answered requests and output tokens per second of arrivals.
+p50/p95 of the answered ones, and its throughput: answered requests and their output tokens per
+second of the run, from its start to the last answer of any tenant (the lane's own rate is the
+sum over tenants).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,8 +54,8 @@ class TenantStats:
     answered: int
     ttft_p50: float
     ttft_p95: float
-    requests_per_s: float  # answered, per second of arrivals
-    tokens_per_s: float  # output tokens of the answered, per second of arrivals
+    requests_per_s: float  # answered, per second of the run
+    tokens_per_s: float  # output tokens of the answered, per second of the run
 
     @property
     def attainment(self) -> float:
@@ -70,12 +72,14 @@ class ModeRun:
 
 
 def tenant_stats(
-    outcomes: Iterable[Outcome], workload: WorkloadSpec, duration: float
+    outcomes: Sequence[Outcome], workload: WorkloadSpec, duration: float
 ) -> tuple[TenantStats, ...]:
-    """Each tenant's numbers over `outcomes`, in the workload's tenant order."""
+    """Each tenant's numbers over `outcomes`, in the workload's tenant order; throughput over
+    the span to the last answer (`duration`, the arrivals', if none came later)."""
     by_tenant: dict[str, list[Outcome]] = {t.name: [] for t in workload.tenants}
     for o in outcomes:
         by_tenant.setdefault(o.tenant, []).append(o)
+    span = max([duration, *(o.finish for o in outcomes if o.ok and o.finish is not None)])
     out = []
     for name, items in by_tenant.items():
         answered = [o for o in items if o.ok]
@@ -88,8 +92,8 @@ def tenant_stats(
                 answered=len(answered),
                 ttft_p50=percentile(ttfts, 50.0),
                 ttft_p95=percentile(ttfts, 95.0),
-                requests_per_s=len(answered) / duration,
-                tokens_per_s=sum(o.output_tokens for o in answered) / duration,
+                requests_per_s=len(answered) / span,
+                tokens_per_s=sum(o.output_tokens for o in answered) / span,
             )
         )
     return tuple(out)
@@ -174,6 +178,14 @@ def table_md(workload: WorkloadSpec, rate: float, runs: Sequence[ModeRun]) -> st
                 f"{s.requests_per_s:.2f} ({s.tokens_per_s:.0f})",
             ]
         lines.append("| " + " | ".join(row) + " |")
+    total = ["the lane", "", f"{sum(t.rate_at(rate) for t in workload.tenants):.2f}", ""]
+    for run in runs:
+        sent = sum(s.sent for s in run.tenants)
+        met = sum(s.met for s in run.tenants)
+        requests = sum(s.requests_per_s for s in run.tenants)
+        tokens = sum(s.tokens_per_s for s in run.tenants)
+        total += [f"{met / sent * 100 if sent else 0:.0f} % of {sent}", "", f"{requests:.2f} ({tokens:.0f})"]
+    lines.append("| " + " | ".join(total) + " |")
     return "\n".join(lines) + "\n"
 
 

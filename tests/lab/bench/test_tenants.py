@@ -61,7 +61,7 @@ def test_the_noisy_tenant_workloads_name_a_flooder_and_three_quiet_tenants() -> 
     [
         ({"weight": 0}, "tenants[1].weight", "must be > 0"),
         ({"tier": 101}, "tenants[1].tier", "must be ≤ 100"),
-        ({"rate": 2.0}, "tenants[1]", "exactly one of share"),
+        ({"share": 0.5}, "tenants[1]", "exactly one of share"),
         ({"colour": "red"}, "tenants[1].colour", "unknown key"),
         ({"bursts": {"period_s": 4, "duty": 1.5}}, "tenants[1].bursts.duty", "must be ≤ 1"),
         ({"slo": {"ttft_s": -1}}, "tenants[1].slo.ttft_s", "must be > 0"),
