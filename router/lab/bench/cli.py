@@ -102,6 +102,12 @@ def _register_tenants(sub: Any) -> None:
         "--preset", default=DEFAULT_PRESET, help=f"simulator preset (default {DEFAULT_PRESET})"
     )
     tenants.add_argument("--out", type=Path, default=Path("lab-results/tenants"), help="output directory")
+    tenants.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run the real router (its own process) in front of simulated engines in real time, "
+        "each tenant with a key made for the run (modes fifo and fair)",
+    )
     tenants.add_argument("--no-progress", dest="progress", action="store_false")
     tenants.set_defaults(func=cmd_tenants)
 
@@ -364,27 +370,29 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 
 def cmd_tenants(args: argparse.Namespace) -> int:
-    from router.config.load import ConfigError
-    from router.lab.bench.tenants import load_lab_profile, run_tenants, table_md, write_results
+    from router.config.load import ConfigError, parse_profile
+    from router.lab.bench.tenants import lab_profile_data, run_mode, table_md, tenant_trace, write_results
     from router.lab.bench.workload import load_workload
     from router.lab.sim.timing import load_preset
 
     try:
         modes = parse_modes(args.modes)
         workload = load_workload(args.workload)
-        runs = run_tenants(
-            workload,
-            load_lab_profile(args.profile),
-            load_preset(args.preset),
-            rate=args.rate,
-            duration=args.duration,
-            modes=modes,
-            seed=args.seed,
-            progress=args.progress,
-        )
+        data, source = lab_profile_data(args.profile)
+        cfg = parse_profile(data, source)
+        trace = tenant_trace(workload, cfg, rate=args.rate, duration=args.duration, seed=args.seed)
+        if args.realtime:
+            from router.lab.bench.tenantsreal import REALTIME_MODES, run_mode_realtime
+
+            if not set(modes) <= set(REALTIME_MODES):
+                raise ValueError(f"--realtime runs the modes {', '.join(REALTIME_MODES)}")
+            runs = [run_mode_realtime(trace, data, args.preset, m, progress=args.progress) for m in modes]
+        else:
+            preset = load_preset(args.preset)
+            runs = [run_mode(trace, cfg, preset, m, progress=args.progress) for m in modes]
         command = " ".join(["lane-router", *sys.argv[1:]])
         paths = write_results(workload, args.rate, runs, args.out, command)
-    except (ConfigError, ValueError, OSError) as err:
+    except (ConfigError, ValueError, OSError, RuntimeError) as err:
         return _fail(err)
     print(table_md(workload, args.rate, runs))
     print("wrote " + ", ".join(str(p) for p in paths))

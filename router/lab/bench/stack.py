@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,24 +74,31 @@ class LocalStack:
         return self.router.endpoint
 
 
-def keyed_profile(data: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """`data` (a profile mapping) with one key, `key`, allowed every class and the metrics, its
-    debug headers on, and (unless it names a tokenizer) prompts counted as the simulator does."""
+def keyed_profile(
+    data: Mapping[str, Any], key: str, keys: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """`data` (a profile mapping) with one key, `key`, allowed every class and the metrics (and
+    `keys`, entries of the profile's `keys:`, beside it), its debug headers on, and (unless it
+    names a tokenizer) prompts counted as the simulator does."""
     out = copy.deepcopy(dict(data))
-    out["keys"] = [{"name": KEY_NAME, "sha256": hash_key(key), "metrics": True}]
+    out["keys"] = [{"name": KEY_NAME, "sha256": hash_key(key), "metrics": True}, *map(dict, keys)]
     out["debug_headers"] = True
     out.setdefault("tokenizer", "simulator")
     return out
 
 
 def local_profile(
-    data: Mapping[str, Any], key: str, engines: int | None = None, fixed: Mapping[str, int] | None = None
+    data: Mapping[str, Any],
+    key: str,
+    engines: int | None = None,
+    fixed: Mapping[str, int] | None = None,
+    keys: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """`keyed_profile` with every pool's backends on free loopback ports (as many as the profile
     lists, or `engines` spread over the pools) and health probes every half second, so the router
     is ready quickly. The engines are simulated: the profile's own tokenizer belongs to the model
     its real servers run, so prompts are counted as the engines count them."""
-    out = keyed_profile(data, key)
+    out = keyed_profile(data, key, keys)
     out["tokenizer"] = "simulator"
     counts = pool_counts(parse_profile(out, "profile"), engines, fixed)
     ports = iter(free_ports(sum(counts.values())))
@@ -171,11 +178,12 @@ def local_stack(
     engines: int | None = None,
     fixed: Mapping[str, int] | None = None,
     ready_timeout: float = READY_TIMEOUT_S,
+    keys: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[LocalStack]:
-    """Start engines (one process) and router for the profile mapping `data`; yield once the
-    router is ready."""
+    """Start engines (one process) and router for the profile mapping `data` (with `keys` beside
+    the stack's own); yield once the router is ready."""
     key = new_key()
-    live = local_profile(data, key, engines, fixed)
+    live = local_profile(data, key, engines, fixed, keys)
     cfg = parse_profile(live, "local profile")
     port = free_ports(1, avoid=backend_ports(cfg))[0]  # the engines bind theirs while the router starts
     with tempfile.TemporaryDirectory(prefix="lane-router-lab-") as tmp:

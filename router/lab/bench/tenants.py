@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
-from router.config.load import load_profile, parse_profile
+from router.config.load import parse_profile, read_yaml
 from router.config.models import ProfileConfig
 from router.lab.bench.generate import Trace, generate
 from router.lab.bench.lanequeue import Cost
@@ -108,14 +108,17 @@ def run_mode(
     return ModeRun(mode, tenant_stats(run.outcomes, trace.workload, trace.duration))
 
 
-def load_lab_profile(path: Path | None = None) -> ProfileConfig:
-    """The profile at `path`, else the lab's own (router/lab/data/noisy-tenant-profile.yaml)."""
+def lab_profile_data(path: Path | None = None) -> tuple[Any, str]:
+    """The profile mapping at `path`, else the lab's own (router/lab/data/noisy-tenant-profile.yaml),
+    and where it came from."""
     if path is not None:
-        return load_profile(path)
+        return read_yaml(path), str(path)
     resource = resources.files("router.lab") / "data" / PROFILE_DATA
-    return parse_profile(
-        yaml.safe_load(resource.read_text(encoding="utf-8")), f"router/lab/data/{PROFILE_DATA}"
-    )
+    return yaml.safe_load(resource.read_text(encoding="utf-8")), f"router/lab/data/{PROFILE_DATA}"
+
+
+def load_lab_profile(path: Path | None = None) -> ProfileConfig:
+    return parse_profile(*lab_profile_data(path))
 
 
 def run_tenants(
@@ -130,12 +133,18 @@ def run_tenants(
     progress: bool = False,
 ) -> list[ModeRun]:
     """The same trace of `workload` under every mode."""
+    trace = tenant_trace(workload, cfg, rate=rate, duration=duration, seed=seed)
+    return [run_mode(trace, cfg, preset, mode, progress=progress) for mode in modes]
+
+
+def tenant_trace(
+    workload: WorkloadSpec, cfg: ProfileConfig, *, rate: float, duration: float, seed: int | None = None
+) -> Trace:
+    """The workload's trace, asking for the model of the profile's first pool."""
     if not workload.tenants:
         raise ValueError(f"workload {workload.name!r} names no tenants")
-    trace = generate(
-        workload, model=cfg.pools[next(iter(cfg.pools))].model, rate=rate, duration=duration, seed=seed
-    )
-    return [run_mode(trace, cfg, preset, mode, progress=progress) for mode in modes]
+    model = cfg.pools[next(iter(cfg.pools))].model
+    return generate(workload, model=model, rate=rate, duration=duration, seed=seed)
 
 
 def _seconds(value: float) -> str:

@@ -14,11 +14,13 @@ import yaml
 from router.cli import main
 from router.config.load import ConfigError, parse_profile
 from router.config.models import ProfileConfig
+from router.keys.auth import hash_key
 from router.keys.tenant import Tenant
-from router.lab.bench.generate import generate
+from router.lab.bench.generate import Request, generate
 from router.lab.bench.lanequeue import VirtualGate
 from router.lab.bench.routing import VirtualRouter
 from router.lab.bench.tenants import load_lab_profile, run_tenants
+from router.lab.bench.tenantsreal import keyed_items, tenant_keys
 from router.lab.bench.workload import load_workload, parse_workload
 from router.lab.sim.timing import load_preset
 from router.lab.sim.vclock import WAIT, BackendState, TraceRequest
@@ -185,3 +187,28 @@ def test_bench_tenants_writes_the_table_and_the_plot(
     assert (tmp_path / "tenants.png").stat().st_size > 10_000
     assert "| scraper |" in capsys.readouterr().out
     assert main(["bench", "tenants", "--modes", "fifo,lifo", "--out", str(tmp_path)]) == 2
+
+
+def test_in_real_time_each_tenant_sends_with_its_own_key_or_all_with_one() -> None:
+    spec = load_workload(NOISY)
+    trace = generate(spec, model="m", rate=4, duration=4)
+    for per_tenant, names in ((True, {t.name for t in spec.tenants}), (False, {"shared"})):
+        entries, secrets = tenant_keys(spec, per_tenant)
+        assert {e["name"] for e in entries} == names
+        assert {e["sha256"] for e in entries} == {hash_key(k) for k in secrets.values()}
+        items = keyed_items(trace, secrets)
+        assert len(items) == len(trace.items)
+        for item in items:
+            assert isinstance(item, Request)
+            assert ("authorization", f"Bearer {secrets[item.tenant]}") in item.headers
+    entries, _ = tenant_keys(spec, True)
+    assert all(e["weight"] == 1.0 and e["tier"] == 0 for e in entries)
+
+
+def test_bench_tenants_in_real_time_refuses_the_virtual_only_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "tenants", "--realtime", "--modes", "fifo,fair-tokens", "--workload", str(NOISY)]
+    assert main([*args, "--out", str(tmp_path)]) == 2
+    assert "--realtime runs the modes fifo, fair" in capsys.readouterr().err
+    assert not (tmp_path / "tenants.md").exists()
