@@ -5,6 +5,7 @@ loses it."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,16 @@ from router.lab.bench.routing import VirtualRouter
 from router.lab.bench.tenants import load_lab_profile, run_tenants
 from router.lab.bench.tenantsreal import keyed_items, tenant_keys
 from router.lab.bench.workload import load_workload, parse_workload
-from router.lab.sim.timing import load_preset
-from router.lab.sim.vclock import WAIT, BackendState, TraceRequest
+from router.lab.sim.config import EngineConfig
+from router.lab.sim.timing import StepTimeModel, load_preset
+from router.lab.sim.vclock import (
+    WAIT,
+    BackendState,
+    RequestRecord,
+    TraceRequest,
+    VirtualBackend,
+    VirtualCluster,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 NOISY = ROOT / "config/workloads/noisy-tenant.yaml"
@@ -212,3 +221,37 @@ def test_bench_tenants_in_real_time_refuses_the_virtual_only_mode(
     assert main([*args, "--out", str(tmp_path)]) == 2
     assert "--realtime runs the modes fifo, fair" in capsys.readouterr().err
     assert not (tmp_path / "tenants.md").exists()
+
+
+def test_the_simulator_holds_a_waiting_request_until_it_is_released_or_refused() -> None:
+    """`pick` answers WAIT: the request reaches an engine only when released (its wait counted
+    in its TTFT), or is answered the refusal's status without reaching one."""
+    config = EngineConfig(
+        max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=8, num_gpu_blocks=1024
+    )
+    timing = StepTimeModel(c0=0.005, c_prefill=1e-4, c_decode=1e-3, c_ctx=0.0)
+    cluster = VirtualCluster([VirtualBackend("http://sim-0", "p", config, timing)])
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi " * 40}], "max_tokens": 20}
+    trace = [TraceRequest(f"r-{i}", 0.01 * i, body) for i in range(3)]
+    done: dict[str, float] = {}
+    released: set[str] = set()
+
+    def pick(states: Sequence[BackendState], req: TraceRequest) -> int | None:
+        return 0 if req.request_id == "r-0" or req.request_id in released else WAIT
+
+    def on_done(rec: RequestRecord, now: float) -> list[TraceRequest]:
+        done[rec.request_id] = now
+        if rec.request_id == "r-0":
+            released.add("r-1")
+            cluster.release("r-1", now)
+            cluster.refuse("r-2", 503, now)
+        return []
+
+    records = {r.request_id: r for r in cluster.run(trace, pick, on_done).records}
+    first, second, third = records["r-0"], records["r-1"], records["r-2"]
+    assert first.finish is not None and second.first_token is not None
+    assert second.first_token > first.finish  # it reached the engine only after r-0 ended
+    assert second.ttft is not None and second.ttft > first.finish - second.arrival
+    assert (second.status, second.backend, second.output_tokens) == (200, 0, 20)
+    assert (third.status, third.backend, third.first_token) == (503, None, None)
+    assert done["r-2"] == done["r-0"]
