@@ -151,8 +151,9 @@ class Generator:
         if self.spec.tenants:
             for tenant in self.spec.tenants:
                 items.extend(self._tenant_items(tenant, rate, duration))
-        for cls, cspec in self.spec.classes.items() if not self.spec.tenants else ():
-            items.extend(self._class_items(cls.value, cspec, rate, duration))
+        else:
+            for cls, cspec in self.spec.classes.items():
+                items.extend(self._class_items(cls.value, cspec, rate, duration))
         items.sort(
             key=lambda i: (i.arrival, i.steps[0].request_id if isinstance(i, SessionPlan) else i.request_id)
         )
