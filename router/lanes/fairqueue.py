@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from router.fleet.backend import Backend
 from router.keys.tenant import Tenant
-
-if TYPE_CHECKING:
-    from router.fleet.backend import Backend
-    from router.lanes.poolgate import Ticket
+from router.lanes.ticket import Ticket
 
 # Past this many keys remembered, a band forgets those whose turn has come anyway.
 _REMEMBERED: Final = 1024
@@ -56,10 +54,15 @@ class Band:
         self.clock = 0.0
         self.finish_of: dict[str, float] = {}
 
-    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0) -> None:
-        """Tag the waiter and place it after every waiter of a tag as small."""
+    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0, held: int = 0) -> None:
+        """Tag the waiter and place it after every waiter of a tag as small. `held`: the key's
+        requests holding a slot of the waiter's lane. A key new to the band starts after them,
+        as if they had been tagged: they took their slots untagged while nobody waited (or
+        were tagged before the band last emptied), and a key holding slots must not tie with
+        one that holds none."""
         finish_of = self.finish_of
-        start = max(self.clock, finish_of.get(tenant.name, 0.0))
+        last = finish_of.get(tenant.name)
+        start = self.clock + held / tenant.weight if last is None else max(self.clock, last)
         finish = start + cost / tenant.weight
         finish_of[tenant.name] = finish
         waiter.start = start

@@ -34,6 +34,8 @@ class Lane:
     name: str = ""  # the lane's name, read several times by every request; unset: its class's
     # How fast its queue drains, for the Retry-After of the requests it refuses.
     drain: Drain = field(default_factory=Drain)
+    # Its slots held, by key name: what a key's first waiter is charged for (router/lanes/fairqueue.py).
+    held: dict[str, int] = field(default_factory=dict)
     settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:

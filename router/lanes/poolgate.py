@@ -26,72 +26,23 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from router.balance import Affinity
 from router.balance.adapter_placement import ADAPTER_PLACEMENT
 from router.errors import Unavailable
-from router.fleet.adapters import AdapterNeed, candidates_for
+from router.fleet.adapters import candidates_for
 from router.fleet.backend import Backend, Health, routable
-from router.keys.tenant import ANONYMOUS, Tenant
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
 from router.lanes.drain import retry_after_s
 from router.lanes.fairqueue import Band, Waiter, band_of
+from router.lanes.ticket import GatedLane
+from router.lanes.ticket import Ticket as Ticket  # where the proxy and the shared gate import it
 from router.state.slots.budget import ALONE, Share
-
-if TYPE_CHECKING:
-    from router.lanes.lane import Lane
 
 _SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
 _NO_BACKEND_RETRY_AFTER_S: Final = 2.0
-
-
-class Ticket:
-    """One request's claim on its pool, and what it holds right now. A plain slotted class, not
-    a dataclass: one is built per request; compared by identity."""
-
-    __slots__ = (
-        "adapter",
-        "affinity",
-        "backend",
-        "holds_lane",
-        "lane",
-        "long",
-        "pin",
-        "prefilling",
-        "tenant",
-        "timer",
-        "tried",
-    )
-
-    def __init__(
-        self,
-        lane: Lane,
-        long: bool,
-        affinity: Affinity,
-        pin: Backend | None = None,
-        tried: frozenset[Backend] = frozenset(),
-    ) -> None:
-        self.lane = lane
-        self.long = long
-        self.affinity = affinity
-        self.tried = tried  # backends this request was sent to
-        self.holds_lane = False
-        self.backend: Backend | None = None
-        self.prefilling = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.pin = pin  # the one backend the request may go to (a stored response's)
-        # The LoRA adapter the request names: only its holders may take it (`for_adapter`).
-        self.adapter: AdapterNeed | None = None
-        self.tenant: Tenant = ANONYMOUS  # its key, as the queue orders it
-
-    def for_adapter(self, need: AdapterNeed) -> None:
-        """Send the request only to the adapter's holders, placed by its name
-        (router/balance/adapter_placement.py) whatever the lane's strategy."""
-        self.adapter = need
-        self.affinity = need.key
 
 
 _Waiter = Waiter  # the name router/state/slots/gate.py imports
@@ -134,7 +85,7 @@ class PoolGate:
         self.limits = limits.part(self.share)
         self._split = not self.share.alone
 
-    def lane_limit(self, lane: Lane) -> int | None:
+    def lane_limit(self, lane: GatedLane) -> int | None:
         """This process's part of the lane's `max_in_flight`."""
         limit = lane.config.max_in_flight
         return self.share.of(limit) if self._split else limit
@@ -206,6 +157,13 @@ class PoolGate:
             ticket.holds_lane = False
             lane = ticket.lane
             lane.in_flight -= 1
+            held = lane.held
+            name = ticket.tenant.name
+            left = held[name] - 1
+            if left:
+                held[name] = left
+            else:
+                del held[name]
             if lane.waiting:
                 lane.drain.completed(time.monotonic())
             else:
@@ -271,7 +229,7 @@ class PoolGate:
             band = self._queues[place] = Band()
             bisect.insort(self._priorities, place)
         waiter = Waiter(ticket, future, band)
-        band.add(waiter, tenant)
+        band.add(waiter, tenant, held=lane.held.get(tenant.name, 0))
         places = self._places.get(id(lane))
         if places is None:
             places = self._places[id(lane)] = {}
@@ -441,7 +399,11 @@ def charge(ticket: Ticket, backend: Backend) -> None:
     """Count the ticket against its lane (unless it holds its slot already) and `backend`."""
     if not ticket.holds_lane:
         ticket.holds_lane = True
-        ticket.lane.in_flight += 1
+        lane = ticket.lane
+        lane.in_flight += 1
+        held = lane.held
+        name = ticket.tenant.name
+        held[name] = held.get(name, 0) + 1
     backend.in_flight += 1
     backend.prefilling += 1
     if ticket.long:
