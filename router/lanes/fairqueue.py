@@ -28,7 +28,7 @@ from typing import Final
 
 from router.fleet.backend import Backend
 from router.keys.tenant import Tenant
-from router.lanes.ticket import Ticket
+from router.lanes.ticket import GatedLane, Ticket
 
 # Past this many keys remembered, a band forgets those whose turn has come anyway.
 _REMEMBERED: Final = 1024
@@ -60,11 +60,9 @@ class Band:
         as if they had been tagged: they took their slots untagged while nobody waited (or
         were tagged before the band last emptied), and a key holding slots must not tie with
         one that holds none."""
-        finish_of = self.finish_of
-        last = finish_of.get(tenant.name)
-        start = self.clock + held / tenant.weight if last is None else max(self.clock, last)
+        start = self.start_of(tenant, held)
         finish = start + cost / tenant.weight
-        finish_of[tenant.name] = finish
+        self.finish_of[tenant.name] = finish
         waiter.start = start
         waiter.finish = finish
         waiters = self.waiters
@@ -76,6 +74,26 @@ class Band:
             else:
                 hi = mid
         waiters.insert(lo, waiter)
+
+    def start_of(self, tenant: Tenant, held: int) -> float:
+        """The virtual start the key's next waiter would be tagged with."""
+        last = self.finish_of.get(tenant.name)
+        return self.clock + held / tenant.weight if last is None else max(self.clock, last)
+
+    def ahead(self, lane: GatedLane, finish: float, waiter: Waiter | None = None) -> int:
+        """The lane's waiters still waiting that this band offers room before `waiter`, or
+        before a waiter tagged `finish` were it added now."""
+        count = 0
+        for other in self.waiters:
+            if other is waiter or other.finish > finish:
+                break
+            if other.ticket.lane is lane and not other.future.done():
+                count += 1
+        return count
+
+    def count(self, lane: GatedLane) -> int:
+        """The lane's waiters in this band still waiting."""
+        return sum(1 for w in self.waiters if w.ticket.lane is lane and not w.future.done())
 
     def served(self, waiter: Waiter) -> None:
         """The waiter was given room: the band's clock moves to its start."""

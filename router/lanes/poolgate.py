@@ -195,7 +195,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
                 code="queue_full",
-                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
+                retry_after=self.retry_after(ticket),
             )
 
     async def wait(self, ticket: Ticket) -> Backend:
@@ -211,7 +211,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
                 code="queue_timeout",
-                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
+                retry_after=self.retry_after(ticket, waiter),
             ) from None
         finally:
             # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
@@ -277,6 +277,7 @@ class PoolGate:
         victim = most_held(places, need)
         if victim is None:
             return False
+        retry_after = self.retry_after(victim.ticket, victim)
         self._left(victim)
         cfg = ticket.lane.config
         victim.future.set_exception(
@@ -284,12 +285,35 @@ class PoolGate:
                 f"lane {ticket.lane.name!r} is full: {cfg.queue_limit} requests already waiting, "
                 "this key's the most of them",
                 code="queue_full",
-                retry_after=retry_after_s(
-                    ticket.lane.drain, ticket.lane.waiting, cfg.queue_timeout_s, time.monotonic()
-                ),
+                retry_after=retry_after,
             )
         )
         return True
+
+    def retry_after(self, ticket: Ticket, waiter: Waiter | None = None) -> float:
+        """When a request the lane's queue refuses should come back: once the lane's requests
+        it would wait behind have drained at the lane's measured rate, and its own turn has
+        come. For a waiter (its deadline passed, or its place was given up for another key's)
+        they are those ahead of it; for an arrival, those ahead of where it would be placed.
+        Counted in the order room is offered, so a key with few waiting is told a short wait
+        and a flood a long one; a refusal path only, so a walk over the queue."""
+        lane, tenant = ticket.lane, ticket.tenant
+        place = band_of(lane.config.priority, tenant)
+        ahead = 0
+        for at in self._priorities:
+            band = self._queues[at]
+            if at < place:
+                ahead += band.count(lane)
+                continue
+            if at == place:
+                if waiter is not None:
+                    ahead += band.ahead(lane, waiter.finish, waiter)
+                else:
+                    start = band.start_of(tenant, lane.held.get(tenant.name, 0))
+                    ahead += band.ahead(lane, start + 1.0 / tenant.weight)
+            break
+        cfg = lane.config
+        return retry_after_s(lane.drain, ahead + 1, cfg.queue_timeout_s, time.monotonic())
 
     def wake(self) -> None:
         """Offer free slots to the waiters now — a limit rose, a backend joined the pool, or

@@ -194,3 +194,45 @@ async def test_a_flood_holding_the_whole_queue_gives_a_place_to_another_key(lab:
     assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
     rest = [t for t in flood if t is not pushed]
     assert {r.status_code for r in await finish(lab, [*rest, quiet])} == {200}
+
+
+SERVICE_S = 0.5
+
+
+@pytest.mark.parametrize("chat", [{"queue_limit": 4}])
+async def test_a_full_lanes_retry_after_follows_its_measured_drain(lab: Lab) -> None:
+    flood = await fill(lab, FLOOD, 4)
+    for _ in range(4):
+        # The backend's service time: the pace the lane's queue drains at.
+        await asyncio.sleep(SERVICE_S)
+        await lab.next_arrival()
+        flood += lab.send(FLOOD)
+        await lab.waiting(4)
+
+    (more,) = lab.send(FLOOD)
+    refused = await more
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+    # Its turn comes after the 4 ahead of it and one more completion, each at least a service
+    # time apart: never less, never more than the lane's queue timeout.
+    assert 5 * SERVICE_S <= int(refused.headers["retry-after"]) <= WAIT_S
+    assert {r.status_code for r in await finish(lab, flood)} == {200}
+
+
+@pytest.mark.parametrize("chat", [{"queue_limit": 1}])
+async def test_a_fast_draining_lane_answers_retry_after_one_second(lab: Lab) -> None:
+    lab.backend.release(10_000)  # answered at once: the lane drains as fast as the router goes
+    warmup, total = 50, 250
+    told: list[str] = []
+
+    async def client() -> None:
+        while len(lab.backend.arrivals) < total:
+            (task,) = lab.send(FLOOD)
+            response = await task
+            if response.status_code == 503 and len(lab.backend.arrivals) > warmup:
+                assert response.json()["error"]["code"] == "queue_full"
+                told.append(response.headers["retry-after"])
+            else:
+                assert response.status_code in (200, 503)
+
+    await asyncio.gather(*(client() for _ in range(12)))
+    assert told and set(told) == {"1"}
