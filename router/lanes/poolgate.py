@@ -35,14 +35,13 @@ from router.errors import Unavailable
 from router.fleet.adapters import candidates_for
 from router.fleet.backend import Backend, Health, routable
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
-from router.lanes.drain import retry_after_s
+from router.lanes.drain import bounded_s, retry_after_s
 from router.lanes.fairqueue import Band, Waiter, band_of
 from router.lanes.ticket import GatedLane
 from router.lanes.ticket import Ticket as Ticket  # where the proxy and the shared gate import it
 from router.state.slots.budget import ALONE, Share
 
 _SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
-_NO_BACKEND_RETRY_AFTER_S: Final = 2.0
 
 
 _Waiter = Waiter  # the name router/state/slots/gate.py imports
@@ -53,6 +52,10 @@ class Members(Protocol):
 
     @property
     def backends(self) -> tuple[Backend, ...]: ...
+
+    def back_in_s(self, now: float) -> float:
+        """Seconds until a backend down now could be in rotation again, at the earliest."""
+        ...
 
 
 # Subclassed by the gate that counts in Redis (router/state/slots/gate.py), which is not compiled
@@ -394,16 +397,17 @@ def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
     holds its stored response, that backend's state, not the pool's."""
     pin = ticket.pin
     need = ticket.adapter
+    # Whatever is missing — a healthy backend, one holding the adapter (learned by the same
+    # probes), the pinned one back — the health checker's next rounds are when it may come.
+    retry_after = bounded_s(pool.back_in_s(time.monotonic()), ticket.lane.config.queue_timeout_s)
     if pin is None and need is not None and routable(pool.backends, ticket.tried):
         return Unavailable(
             f"no healthy backend of pool {ticket.lane.pool.name!r} holds adapter {need.name!r} now",
             code="adapter_unavailable",
-            retry_after=_NO_BACKEND_RETRY_AFTER_S,
+            retry_after=retry_after,
         )
     if pin is None:
-        return Unavailable(
-            f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
-        )
+        return Unavailable(f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=retry_after)
     state = (
         "unhealthy"
         if pin.health is _DOWN
@@ -415,7 +419,7 @@ def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
         f"{pin.label}, which holds this response, is {state}: it is the only backend that can "
         "serve it; retry later, or start a new conversation",
         code="response_backend_unavailable",
-        retry_after=_NO_BACKEND_RETRY_AFTER_S,
+        retry_after=retry_after,
     )
 
 
@@ -460,5 +464,6 @@ def _refused(
         f"{what} admits no request through this router process: its part of the limit, split over "
         f"{part.processes} processes, is 0",
         code=code,
+        # Another process may take it now: the least a client can be told.
         retry_after=1.0,
     )

@@ -1,21 +1,27 @@
 """The Retry-After a lane's queue answers with: the requests ahead of the refused one in the
 order the queue offers room (its place, not the whole queue), times the lane's measured drain
-interval, bounded to [1 s, queue_timeout_s]. The lane's measure is set as a lane that drained at
+interval, bounded to [1 s, queue_timeout_s]; with no backend to wait for, the health rounds
+a backend needs to come back. The lane's measure is set as a lane that drained at
 that pace and has had no completion since it last went idle (router/lanes/drain.py), so the
 answer does not depend on when the test runs."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from router.config.load import parse_profile
 from router.errors import Unavailable
-from router.fleet.backend import Backend
+from router.fleet.backend import Backend, Health
+from router.fleet.health import note_schedule
 from router.keys.tenant import Tenant
 from router.lanes.poolgate import PoolGate, Ticket
-from router.state.runtime import Runtime
+from router.observe.metrics import Metrics
+from router.state.runtime import Runtime, build_runtime
 from tests.lanes.test_poolgate import CHAT, gate_of, make_runtime
+from tests.support.profiles import profile
 
 FLOOD, VIP = Tenant("flood"), Tenant("vip", tier=1)
 
@@ -107,3 +113,28 @@ async def test_a_waiter_past_the_deadline_is_told_the_wait_for_its_place() -> No
 
     timed_out = await refusal(gate, of(rt, FLOOD))
     assert timed_out.code == "queue_timeout" and timed_out.retry_after == 1.0
+
+
+def down_runtime(interval_s: float, healthy_after: int, timeout_s: float = 60.0) -> Runtime:
+    data = profile(["http://127.0.0.1:9100"])
+    data["health"] = {"interval_s": interval_s, "healthy_after": healthy_after}
+    data["lanes"]["chat"]["queue_timeout_s"] = timeout_s
+    rt = build_runtime(parse_profile(data), Metrics())
+    for backend in rt.pools["interactive"].backends:
+        backend.health = Health.DOWN
+    note_schedule(rt, time.monotonic())  # as the health checker does after each round
+    return rt
+
+
+async def test_no_healthy_backend_is_told_the_health_rounds_a_backend_needs_to_come_back() -> None:
+    # The next round in 3 s, and a second healthy probe 3 s later.
+    rt = down_runtime(3.0, 2)
+    refused = await refusal(gate_of(rt), of(rt, FLOOD))
+    assert refused.status == 503 and refused.retry_after is not None
+    assert 5.0 <= refused.retry_after <= 6.0  # less what passed since the round
+
+    soon = down_runtime(0.2, 1)
+    assert (await refusal(gate_of(soon), of(soon, FLOOD))).retry_after == 1.0
+
+    far = down_runtime(10.0, 2, timeout_s=12.0)
+    assert (await refusal(gate_of(far), of(far, FLOOD))).retry_after == 12.0
