@@ -16,6 +16,7 @@ from router.fleet.pool import Pool
 from router.lanes.drain import Drain
 from router.lanes.settings import LaneSettings
 from router.observe.leanmetrics import HistogramValue
+from router.observe.metrics import LaneQueueMetrics
 
 
 # A Python class even where this module is compiled: the shared slot gate holds lanes in weak
@@ -28,6 +29,7 @@ class Lane:
     pool: Pool
     balancer: Balancer
     queue_time: HistogramValue
+    queue_metrics: LaneQueueMetrics  # what waits in its queue, by key tier; who was displaced
     in_flight: int = 0
     waiting: int = 0
     model: str = ""  # the model it serves (its pools' `model`)

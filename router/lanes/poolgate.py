@@ -241,6 +241,7 @@ class PoolGate:
             held = places[tenant.name] = deque()
         held.append(waiter)
         lane.waiting += 1
+        lane.queue_metrics.waiting(tenant.tier).inc()
         self.waiting += 1
         return waiter
 
@@ -252,6 +253,7 @@ class PoolGate:
         lane = ticket.lane
         lane.waiting -= 1
         self.waiting -= 1
+        lane.queue_metrics.waiting(ticket.tenant.tier).dec()
         places = self._places[id(lane)]
         name = ticket.tenant.name
         held = places[name]
@@ -282,6 +284,7 @@ class PoolGate:
             return False
         retry_after = self.retry_after(victim.ticket, victim)
         self._left(victim)
+        ticket.lane.queue_metrics.displaced.inc()
         cfg = ticket.lane.config
         victim.future.set_exception(
             Unavailable(

@@ -15,6 +15,7 @@ from router.fleet.backend import Backend
 from router.keys.tenant import ANONYMOUS, Tenant
 from router.lanes.drain import Drain
 from router.lanes.settings import LaneSettings
+from router.observe.metrics import LaneQueueMetrics
 
 
 class Named(Protocol):
@@ -42,6 +43,8 @@ class GatedLane(Protocol):
     def drain(self) -> Drain: ...
     @property
     def held(self) -> dict[str, int]: ...
+    @property
+    def queue_metrics(self) -> LaneQueueMetrics: ...
 
 
 class Ticket:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
@@ -57,6 +58,17 @@ class Lab:
 
 def key_of(request_id: str) -> str:
     return request_id.split(":", 1)[0]
+
+
+async def samples(lab: Lab, family: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The router's /metrics samples of one family, by their labels."""
+    text = (await lab.client.get("/metrics", headers=auth("scraper"))).text
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for s in f.samples
+    }
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -171,6 +183,10 @@ async def test_a_higher_tier_drains_first(lab: Lab) -> None:
     low = await fill(lab, FLOOD, 10)
     high = lab.send(QUIET, 5)
     await lab.waiting(15)
+    assert await samples(lab, "lane_router_queue_waiting") == {
+        (("lane", "chat"), ("tier", "0")): 10,
+        (("lane", "chat"), ("tier", "1")): 5,
+    }
 
     assert [await lab.next_arrival() for _ in range(6)] == [QUIET] * 5 + [FLOOD]
     assert {r.status_code for r in await finish(lab, low + high)} == {200}
@@ -190,6 +206,7 @@ async def test_a_flood_holding_the_whole_queue_gives_a_place_to_another_key(lab:
     assert pushed.result().status_code == 503 and pushed.result().json()["error"]["code"] == "queue_full"
     assert pushed is flood[-1]
     assert lab.lane.waiting == 10
+    assert (await samples(lab, "lane_router_queue_displaced"))[(("lane", "chat"),)] == 1
 
     assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
     rest = [t for t in flood if t is not pushed]
