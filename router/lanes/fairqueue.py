@@ -8,7 +8,9 @@ and the band serves the smallest tag first (the earliest to wait among equal tag
 is the start tag of the request last served. So a key that has waited longest is not the one
 served next unless its turn has come: a quiet key's first request goes before the second
 request of a key with many waiting, and keys that all keep waiters share the band in the ratio
-of their weights. One key's waiters keep their order: alone, a band is FIFO.
+of their weights. One key's waiters keep their order: alone, a band is FIFO. A key new to the
+band starts after the slots of the lane it holds already (taken while nobody waited, untagged):
+the first slot a flood frees goes to a key holding none.
 
 A request's cost is 1, not its tokens (`Band.add` takes another). Measured on two keys kept
 waiting on 2 slots, each request holding its slot as long as its tokens
