@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -67,6 +68,16 @@ def _set(backend: Backend, state: Health, metrics: Metrics) -> None:
         log.warning("backend %s of pool %s is now %s", backend.name, backend.pool, state.value)
     backend.health = state
     metrics.backend_up.labels(backend.pool, backend.name).set(1 if state is Health.UP else 0)
+
+
+def note_schedule(runtime: Runtime, now: float) -> None:
+    """Tell each pool when its backends are probed next, for the Retry-After of a request no
+    backend can take now (router/lanes/poolgate.py)."""
+    cfg = runtime.config.health
+    for pool in runtime.pools.values():
+        pool.next_round_at = now + cfg.interval_s
+        pool.round_s = cfg.interval_s
+        pool.rounds_to_rejoin = cfg.healthy_after
 
 
 def drift_line(pool: str, backend: str, drift: Drift) -> str:
@@ -165,6 +176,7 @@ class HealthChecker:
                 await self.probe_all(runtime, check_drift=rounds % 12 == 0 or runtime is not self._checked)
             rounds += 1
             self._wake.clear()
+            note_schedule(runtime, time.monotonic())
             await _first_of(self._wake, runtime.superseded, timeout=runtime.config.health.interval_s)
 
     async def probe_all(self, runtime: Runtime, *, check_drift: bool) -> None:

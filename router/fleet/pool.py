@@ -30,6 +30,12 @@ class Pool:
     tls: UpstreamTls | None = None  # towards https backends (router/tls/upstream.py)
     live_max_model_len: int | None = None  # the shortest its servers state (router/fleet/health.py)
     gate: PoolGate = field(init=False)  # built with the pool (router/state/runtime.py `_new_pool`)
+    # The health checker's schedule (router/fleet/health.py `note_schedule`): when it probes
+    # next (monotonic; < 0: not known), every how long, and how many healthy probes a backend
+    # that is down needs to be routable again.
+    next_round_at: float = -1.0
+    round_s: float = 5.0
+    rounds_to_rejoin: int = 1
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
         return routable(self.backends, exclude)
@@ -40,6 +46,13 @@ class Pool:
         declared = self.config.vllm.max_model_len
         live = self.live_max_model_len
         return declared if live is None else min(declared, live)
+
+    def back_in_s(self, now: float) -> float:
+        """Seconds until a backend down now could be routable again, at the earliest: the
+        next health round, and a round more for each further healthy probe it needs."""
+        at = self.next_round_at
+        first = self.round_s if at < 0.0 else max(0.0, at - now)
+        return first + (self.rounds_to_rejoin - 1) * self.round_s
 
     def has_healthy_backend(self) -> bool:
         return any(b.health is Health.UP for b in self.backends)

@@ -54,4 +54,9 @@ def retry_after_s(drain: Drain, ahead: int, cap_s: float, now: float) -> float:
     last = drain.last
     if last >= 0.0 and now - last > mean:
         mean = now - last
-    return max(1.0, min(float(math.ceil(ahead * mean)), cap_s))
+    return bounded_s(ahead * mean, cap_s)
+
+
+def bounded_s(seconds: float, cap_s: float) -> float:
+    """A Retry-After: whole seconds, never above `cap_s` nor below 1."""
+    return max(1.0, min(float(math.ceil(seconds)), cap_s))

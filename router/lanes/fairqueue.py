@@ -8,7 +8,9 @@ and the band serves the smallest tag first (the earliest to wait among equal tag
 is the start tag of the request last served. So a key that has waited longest is not the one
 served next unless its turn has come: a quiet key's first request goes before the second
 request of a key with many waiting, and keys that all keep waiters share the band in the ratio
-of their weights. One key's waiters keep their order: alone, a band is FIFO.
+of their weights. One key's waiters keep their order: alone, a band is FIFO. A key new to the
+band starts after the slots of the lane it holds already (taken while nobody waited, untagged):
+the first slot a flood frees goes to a key holding none.
 
 A request's cost is 1, not its tokens (`Band.add` takes another). Measured on two keys kept
 waiting on 2 slots, each request holding its slot as long as its tokens
@@ -24,13 +26,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from router.fleet.backend import Backend
 from router.keys.tenant import Tenant
-
-if TYPE_CHECKING:
-    from router.fleet.backend import Backend
-    from router.lanes.poolgate import Ticket
+from router.lanes.ticket import GatedLane, Ticket
 
 # Past this many keys remembered, a band forgets those whose turn has come anyway.
 _REMEMBERED: Final = 1024
@@ -56,12 +56,15 @@ class Band:
         self.clock = 0.0
         self.finish_of: dict[str, float] = {}
 
-    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0) -> None:
-        """Tag the waiter and place it after every waiter of a tag as small."""
-        finish_of = self.finish_of
-        start = max(self.clock, finish_of.get(tenant.name, 0.0))
+    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0, held: int = 0) -> None:
+        """Tag the waiter and place it after every waiter of a tag as small. `held`: the key's
+        requests holding a slot of the waiter's lane. A key new to the band starts after them,
+        as if they had been tagged: they took their slots untagged while nobody waited (or
+        were tagged before the band last emptied), and a key holding slots must not tie with
+        one that holds none."""
+        start = self.start_of(tenant, held)
         finish = start + cost / tenant.weight
-        finish_of[tenant.name] = finish
+        self.finish_of[tenant.name] = finish
         waiter.start = start
         waiter.finish = finish
         waiters = self.waiters
@@ -73,6 +76,26 @@ class Band:
             else:
                 hi = mid
         waiters.insert(lo, waiter)
+
+    def start_of(self, tenant: Tenant, held: int) -> float:
+        """The virtual start the key's next waiter would be tagged with."""
+        last = self.finish_of.get(tenant.name)
+        return self.clock + held / tenant.weight if last is None else max(self.clock, last)
+
+    def ahead(self, lane: GatedLane, finish: float, waiter: Waiter | None = None) -> int:
+        """The lane's waiters still waiting that this band offers room before `waiter`, or
+        before a waiter tagged `finish` were it added now."""
+        count = 0
+        for other in self.waiters:
+            if other is waiter or other.finish > finish:
+                break
+            if other.ticket.lane is lane and not other.future.done():
+                count += 1
+        return count
+
+    def count(self, lane: GatedLane) -> int:
+        """The lane's waiters in this band still waiting."""
+        return sum(1 for w in self.waiters if w.ticket.lane is lane and not w.future.done())
 
     def served(self, waiter: Waiter) -> None:
         """The waiter was given room: the band's clock moves to its start."""

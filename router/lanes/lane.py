@@ -16,6 +16,7 @@ from router.fleet.pool import Pool
 from router.lanes.drain import Drain
 from router.lanes.settings import LaneSettings
 from router.observe.leanmetrics import HistogramValue
+from router.observe.metrics import LaneQueueMetrics
 
 
 # A Python class even where this module is compiled: the shared slot gate holds lanes in weak
@@ -28,12 +29,15 @@ class Lane:
     pool: Pool
     balancer: Balancer
     queue_time: HistogramValue
+    queue_metrics: LaneQueueMetrics  # what waits in its queue, by key tier; who was displaced
     in_flight: int = 0
     waiting: int = 0
     model: str = ""  # the model it serves (its pools' `model`)
     name: str = ""  # the lane's name, read several times by every request; unset: its class's
     # How fast its queue drains, for the Retry-After of the requests it refuses.
     drain: Drain = field(default_factory=Drain)
+    # Its slots held, by key name: what a key's first waiter is charged for (router/lanes/fairqueue.py).
+    held: dict[str, int] = field(default_factory=dict)
     settings: LaneSettings = field(init=False)  # its config's and pool's, as every request reads them
 
     def __post_init__(self) -> None:

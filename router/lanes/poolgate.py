@@ -26,72 +26,22 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from router.balance import Affinity
 from router.balance.adapter_placement import ADAPTER_PLACEMENT
 from router.errors import Unavailable
-from router.fleet.adapters import AdapterNeed, candidates_for
+from router.fleet.adapters import candidates_for
 from router.fleet.backend import Backend, Health, routable
-from router.keys.tenant import ANONYMOUS, Tenant
 from router.lanes.admission import PrefillLimits, choose_backend, lane_has_room
-from router.lanes.drain import retry_after_s
+from router.lanes.drain import bounded_s, retry_after_s
 from router.lanes.fairqueue import Band, Waiter, band_of
+from router.lanes.ticket import GatedLane
+from router.lanes.ticket import Ticket as Ticket  # where the proxy and the shared gate import it
 from router.state.slots.budget import ALONE, Share
 
-if TYPE_CHECKING:
-    from router.lanes.lane import Lane
-
 _SCAN_LIMIT: Final = 256  # waiters looked at per pass, so one release never costs more than this
-_NO_BACKEND_RETRY_AFTER_S: Final = 2.0
-
-
-class Ticket:
-    """One request's claim on its pool, and what it holds right now. A plain slotted class, not
-    a dataclass: one is built per request; compared by identity."""
-
-    __slots__ = (
-        "adapter",
-        "affinity",
-        "backend",
-        "holds_lane",
-        "lane",
-        "long",
-        "pin",
-        "prefilling",
-        "tenant",
-        "timer",
-        "tried",
-    )
-
-    def __init__(
-        self,
-        lane: Lane,
-        long: bool,
-        affinity: Affinity,
-        pin: Backend | None = None,
-        tried: frozenset[Backend] = frozenset(),
-    ) -> None:
-        self.lane = lane
-        self.long = long
-        self.affinity = affinity
-        self.tried = tried  # backends this request was sent to
-        self.holds_lane = False
-        self.backend: Backend | None = None
-        self.prefilling = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.pin = pin  # the one backend the request may go to (a stored response's)
-        # The LoRA adapter the request names: only its holders may take it (`for_adapter`).
-        self.adapter: AdapterNeed | None = None
-        self.tenant: Tenant = ANONYMOUS  # its key, as the queue orders it
-
-    def for_adapter(self, need: AdapterNeed) -> None:
-        """Send the request only to the adapter's holders, placed by its name
-        (router/balance/adapter_placement.py) whatever the lane's strategy."""
-        self.adapter = need
-        self.affinity = need.key
 
 
 _Waiter = Waiter  # the name router/state/slots/gate.py imports
@@ -102,6 +52,10 @@ class Members(Protocol):
 
     @property
     def backends(self) -> tuple[Backend, ...]: ...
+
+    def back_in_s(self, now: float) -> float:
+        """Seconds until a backend down now could be in rotation again, at the earliest."""
+        ...
 
 
 # Subclassed by the gate that counts in Redis (router/state/slots/gate.py), which is not compiled
@@ -134,7 +88,7 @@ class PoolGate:
         self.limits = limits.part(self.share)
         self._split = not self.share.alone
 
-    def lane_limit(self, lane: Lane) -> int | None:
+    def lane_limit(self, lane: GatedLane) -> int | None:
         """This process's part of the lane's `max_in_flight`."""
         limit = lane.config.max_in_flight
         return self.share.of(limit) if self._split else limit
@@ -206,6 +160,13 @@ class PoolGate:
             ticket.holds_lane = False
             lane = ticket.lane
             lane.in_flight -= 1
+            held = lane.held
+            name = ticket.tenant.name
+            left = held[name] - 1
+            if left:
+                held[name] = left
+            else:
+                del held[name]
             if lane.waiting:
                 lane.drain.completed(time.monotonic())
             else:
@@ -237,7 +198,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r} is full: {cfg.queue_limit} requests already waiting",
                 code="queue_full",
-                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
+                retry_after=self.retry_after(ticket),
             )
 
     async def wait(self, ticket: Ticket) -> Backend:
@@ -253,7 +214,7 @@ class PoolGate:
             raise Unavailable(
                 f"lane {lane.name!r}: no room within {cfg.queue_timeout_s:g}s",
                 code="queue_timeout",
-                retry_after=retry_after_s(lane.drain, lane.waiting, cfg.queue_timeout_s, time.monotonic()),
+                retry_after=self.retry_after(ticket, waiter),
             ) from None
         finally:
             # Cancelling the task (a disconnect, the deadline) cancels the future too; a waiter
@@ -271,7 +232,7 @@ class PoolGate:
             band = self._queues[place] = Band()
             bisect.insort(self._priorities, place)
         waiter = Waiter(ticket, future, band)
-        band.add(waiter, tenant)
+        band.add(waiter, tenant, held=lane.held.get(tenant.name, 0))
         places = self._places.get(id(lane))
         if places is None:
             places = self._places[id(lane)] = {}
@@ -280,6 +241,7 @@ class PoolGate:
             held = places[tenant.name] = deque()
         held.append(waiter)
         lane.waiting += 1
+        lane.queue_metrics.waiting(tenant.tier).inc()
         self.waiting += 1
         return waiter
 
@@ -291,6 +253,7 @@ class PoolGate:
         lane = ticket.lane
         lane.waiting -= 1
         self.waiting -= 1
+        lane.queue_metrics.waiting(ticket.tenant.tier).dec()
         places = self._places[id(lane)]
         name = ticket.tenant.name
         held = places[name]
@@ -319,19 +282,44 @@ class PoolGate:
         victim = most_held(places, need)
         if victim is None:
             return False
+        retry_after = self.retry_after(victim.ticket, victim)
         self._left(victim)
+        ticket.lane.queue_metrics.displaced.inc()
         cfg = ticket.lane.config
         victim.future.set_exception(
             Unavailable(
                 f"lane {ticket.lane.name!r} is full: {cfg.queue_limit} requests already waiting, "
                 "this key's the most of them",
                 code="queue_full",
-                retry_after=retry_after_s(
-                    ticket.lane.drain, ticket.lane.waiting, cfg.queue_timeout_s, time.monotonic()
-                ),
+                retry_after=retry_after,
             )
         )
         return True
+
+    def retry_after(self, ticket: Ticket, waiter: Waiter | None = None) -> float:
+        """When a request the lane's queue refuses should come back: once the lane's requests
+        it would wait behind have drained at the lane's measured rate, and its own turn has
+        come. For a waiter (its deadline passed, or its place was given up for another key's)
+        they are those ahead of it; for an arrival, those ahead of where it would be placed.
+        Counted in the order room is offered, so a key with few waiting is told a short wait
+        and a flood a long one; a refusal path only, so a walk over the queue."""
+        lane, tenant = ticket.lane, ticket.tenant
+        place = band_of(lane.config.priority, tenant)
+        ahead = 0
+        for at in self._priorities:
+            band = self._queues[at]
+            if at < place:
+                ahead += band.count(lane)
+                continue
+            if at == place:
+                if waiter is not None:
+                    ahead += band.ahead(lane, waiter.finish, waiter)
+                else:
+                    start = band.start_of(tenant, lane.held.get(tenant.name, 0))
+                    ahead += band.ahead(lane, start + 1.0 / tenant.weight)
+            break
+        cfg = lane.config
+        return retry_after_s(lane.drain, ahead + 1, cfg.queue_timeout_s, time.monotonic())
 
     def wake(self) -> None:
         """Offer free slots to the waiters now — a limit rose, a backend joined the pool, or
@@ -412,16 +400,17 @@ def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
     holds its stored response, that backend's state, not the pool's."""
     pin = ticket.pin
     need = ticket.adapter
+    # Whatever is missing — a healthy backend, one holding the adapter (learned by the same
+    # probes), the pinned one back — the health checker's next rounds are when it may come.
+    retry_after = bounded_s(pool.back_in_s(time.monotonic()), ticket.lane.config.queue_timeout_s)
     if pin is None and need is not None and routable(pool.backends, ticket.tried):
         return Unavailable(
             f"no healthy backend of pool {ticket.lane.pool.name!r} holds adapter {need.name!r} now",
             code="adapter_unavailable",
-            retry_after=_NO_BACKEND_RETRY_AFTER_S,
+            retry_after=retry_after,
         )
     if pin is None:
-        return Unavailable(
-            f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=_NO_BACKEND_RETRY_AFTER_S
-        )
+        return Unavailable(f"no healthy backend in pool {ticket.lane.pool.name!r}", retry_after=retry_after)
     state = (
         "unhealthy"
         if pin.health is _DOWN
@@ -433,7 +422,7 @@ def _no_backend(ticket: Ticket, pool: Members) -> Unavailable:
         f"{pin.label}, which holds this response, is {state}: it is the only backend that can "
         "serve it; retry later, or start a new conversation",
         code="response_backend_unavailable",
-        retry_after=_NO_BACKEND_RETRY_AFTER_S,
+        retry_after=retry_after,
     )
 
 
@@ -441,7 +430,11 @@ def charge(ticket: Ticket, backend: Backend) -> None:
     """Count the ticket against its lane (unless it holds its slot already) and `backend`."""
     if not ticket.holds_lane:
         ticket.holds_lane = True
-        ticket.lane.in_flight += 1
+        lane = ticket.lane
+        lane.in_flight += 1
+        held = lane.held
+        name = ticket.tenant.name
+        held[name] = held.get(name, 0) + 1
     backend.in_flight += 1
     backend.prefilling += 1
     if ticket.long:
@@ -474,5 +467,6 @@ def _refused(
         f"{what} admits no request through this router process: its part of the limit, split over "
         f"{part.processes} processes, is 0",
         code=code,
+        # Another process may take it now: the least a client can be told.
         retry_after=1.0,
     )

@@ -15,7 +15,7 @@ from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from router.observe.leanmetrics import CounterValue, counter, gauge, histogram
+from router.observe.leanmetrics import CounterValue, GaugeValue, counter, gauge, histogram
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -112,6 +112,19 @@ class Metrics:
             registry,
         )
         self.in_flight = gauge(p + "in_flight", "Requests being proxied now.", ["lane", "pool"], registry)
+        self.queue_waiting = gauge(
+            p + "queue_waiting",
+            "Requests waiting for room in a lane now (in this process), by the tier of their key.",
+            ["lane", "tier"],
+            registry,
+        )
+        self.queue_displaced = counter(
+            p + "queue_displaced",
+            "Waiting requests refused (503 queue_full) to give their place in a full lane to "
+            "another key's: the newest of the key holding the most places for its weight.",
+            ["lane"],
+            registry,
+        )
         self.backend_up = Gauge(
             p + "backend_up",
             "1 when the backend is in rotation, else 0.",
@@ -294,3 +307,22 @@ class RouteMetrics:
         if child is None:
             child = self._disconnects[phase] = self._metrics.client_disconnects.labels(*self.key, phase)
         child.inc()
+
+
+class LaneQueueMetrics:
+    """A lane's queue series: what waits, by key tier (the profile's tiers bound the label), and
+    the waiters displaced. Touched only by requests that wait."""
+
+    __slots__ = ("_lane", "_metrics", "_waiting", "displaced")
+
+    def __init__(self, metrics: Metrics, lane: str) -> None:
+        self._metrics = metrics
+        self._lane = lane
+        self._waiting: dict[int, GaugeValue] = {}
+        self.displaced = metrics.queue_displaced.labels(lane)
+
+    def waiting(self, tier: int) -> GaugeValue:
+        child = self._waiting.get(tier)
+        if child is None:
+            child = self._waiting[tier] = self._metrics.queue_waiting.labels(self._lane, str(tier))
+        return child

@@ -48,7 +48,7 @@ from router.lanes.prefixes import PrefixHistory
 from router.lanes.route import ModelRoute
 from router.lanes.settings import LaneSettings
 from router.lanes.slowclient import BufferBudget, SlowClients
-from router.observe.metrics import Metrics
+from router.observe.metrics import LaneQueueMetrics, Metrics
 from router.observe.observer import Observer
 from router.proxy.watch import Watchlist
 from router.request.tokenizer_source import TokenizerSource
@@ -314,6 +314,7 @@ def _new_lane(planned: PlannedLane, pool: Pool, metrics: Metrics) -> Lane:
         pool=pool,
         balancer=_balancer(lc, pool, metrics),
         queue_time=metrics.queue_time.labels(planned.name),
+        queue_metrics=LaneQueueMetrics(metrics, planned.name),
         model=planned.model,
         name=planned.name,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import parse_profile
 from router.config.models import RequestClass
@@ -57,6 +58,17 @@ class Lab:
 
 def key_of(request_id: str) -> str:
     return request_id.split(":", 1)[0]
+
+
+async def samples(lab: Lab, family: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The router's /metrics samples of one family, by their labels."""
+    text = (await lab.client.get("/metrics", headers=auth("scraper"))).text
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for s in f.samples
+    }
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -115,8 +127,20 @@ async def test_a_quiet_keys_request_takes_the_next_slot_under_another_keys_flood
     (quiet,) = lab.send(QUIET)
     await lab.waiting(41)
 
-    # Within one service time: before each of the flood's requests being served ends.
-    assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
+    # Within one service time: the first slot the flood frees is the quiet key's, though the
+    # flood's 2 requests in flight took their slots before anyone waited.
+    assert await lab.next_arrival() == QUIET
+    assert {r.status_code for r in await finish(lab, [*flood, quiet])} == {200}
+
+
+async def test_a_quiet_key_arriving_while_the_flood_drains_takes_the_next_slot(lab: Lab) -> None:
+    flood = await fill(lab, FLOOD, 40)
+    for _ in range(5):
+        assert await lab.next_arrival() == FLOOD
+    (quiet,) = lab.send(QUIET)
+    await lab.waiting(36)
+
+    assert await lab.next_arrival() == QUIET
     assert {r.status_code for r in await finish(lab, [*flood, quiet])} == {200}
 
 
@@ -159,6 +183,10 @@ async def test_a_higher_tier_drains_first(lab: Lab) -> None:
     low = await fill(lab, FLOOD, 10)
     high = lab.send(QUIET, 5)
     await lab.waiting(15)
+    assert await samples(lab, "lane_router_queue_waiting") == {
+        (("lane", "chat"), ("tier", "0")): 10,
+        (("lane", "chat"), ("tier", "1")): 5,
+    }
 
     assert [await lab.next_arrival() for _ in range(6)] == [QUIET] * 5 + [FLOOD]
     assert {r.status_code for r in await finish(lab, low + high)} == {200}
@@ -178,7 +206,50 @@ async def test_a_flood_holding_the_whole_queue_gives_a_place_to_another_key(lab:
     assert pushed.result().status_code == 503 and pushed.result().json()["error"]["code"] == "queue_full"
     assert pushed is flood[-1]
     assert lab.lane.waiting == 10
+    assert (await samples(lab, "lane_router_queue_displaced"))[(("lane", "chat"),)] == 1
 
     assert QUIET in [await lab.next_arrival() for _ in range(SLOTS)]
     rest = [t for t in flood if t is not pushed]
     assert {r.status_code for r in await finish(lab, [*rest, quiet])} == {200}
+
+
+SERVICE_S = 0.5
+
+
+@pytest.mark.parametrize("chat", [{"queue_limit": 4}])
+async def test_a_full_lanes_retry_after_follows_its_measured_drain(lab: Lab) -> None:
+    flood = await fill(lab, FLOOD, 4)
+    for _ in range(4):
+        # The backend's service time: the pace the lane's queue drains at.
+        await asyncio.sleep(SERVICE_S)
+        await lab.next_arrival()
+        flood += lab.send(FLOOD)
+        await lab.waiting(4)
+
+    (more,) = lab.send(FLOOD)
+    refused = await more
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+    # Its turn comes after the 4 ahead of it and one more completion, each at least a service
+    # time apart: never less, never more than the lane's queue timeout.
+    assert 5 * SERVICE_S <= int(refused.headers["retry-after"]) <= WAIT_S
+    assert {r.status_code for r in await finish(lab, flood)} == {200}
+
+
+@pytest.mark.parametrize("chat", [{"queue_limit": 1}])
+async def test_a_fast_draining_lane_answers_retry_after_one_second(lab: Lab) -> None:
+    lab.backend.release(10_000)  # answered at once: the lane drains as fast as the router goes
+    warmup, total = 50, 250
+    told: list[str] = []
+
+    async def client() -> None:
+        while len(lab.backend.arrivals) < total:
+            (task,) = lab.send(FLOOD)
+            response = await task
+            if response.status_code == 503 and len(lab.backend.arrivals) > warmup:
+                assert response.json()["error"]["code"] == "queue_full"
+                told.append(response.headers["retry-after"])
+            else:
+                assert response.status_code in (200, 503)
+
+    await asyncio.gather(*(client() for _ in range(12)))
+    assert told and set(told) == {"1"}

@@ -34,7 +34,7 @@ from router.state.slots.store import Change, SlotStore, TakeAnswer, limit_arg
 
 if TYPE_CHECKING:
     from router.fleet.backend import Backend
-    from router.lanes.lane import Lane
+    from router.lanes.ticket import GatedLane
 
 RECHECK_S = 0.25
 _SCAN_LIMIT = 256
@@ -77,7 +77,7 @@ class SharedPoolGate(PoolGate):
         super().__init__(limits, pool, share)
         self._seen: weakref.WeakKeyDictionary[Backend, SlotCounts] = weakref.WeakKeyDictionary()
         self._backends: weakref.WeakSet[Backend] = weakref.WeakSet()
-        self._lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
+        self._lanes: weakref.WeakSet[GatedLane] = weakref.WeakSet()
         self._granter: asyncio.Task[None] | None = None
         self._woken = asyncio.Event()
         self.rebind(store)
@@ -88,14 +88,14 @@ class SharedPoolGate(PoolGate):
         self.store = store
         store.register(self)
 
-    def held(self) -> tuple[list[Backend], list[Lane]]:
+    def held(self) -> tuple[list[Backend], list[GatedLane]]:
         return list(self._backends), list(self._lanes)
 
-    def lane_part(self, lane: Lane) -> int | None:
+    def lane_part(self, lane: GatedLane) -> int | None:
         """This process's part of the lane's `max_in_flight`, as the profile splits it."""
         return PoolGate.lane_limit(self, lane)
 
-    def lane_limit(self, lane: Lane) -> int | None:
+    def lane_limit(self, lane: GatedLane) -> int | None:
         """While counting locally: this process's part, less what the other processes held
         beyond theirs when it last looked at Redis (what they hold counts against the limit
         as much as what this process holds)."""
@@ -207,7 +207,11 @@ class SharedPoolGate(PoolGate):
         return backend
 
     def _unclaimed(
-        self, done: asyncio.Future[TakeAnswer | None], lane: Lane, order: Sequence[Backend], rule: TakeRule
+        self,
+        done: asyncio.Future[TakeAnswer | None],
+        lane: GatedLane,
+        order: Sequence[Backend],
+        rule: TakeRule,
     ) -> None:
         if done.cancelled() or done.exception() is not None:
             return
@@ -216,7 +220,9 @@ class SharedPoolGate(PoolGate):
             backend = order[answer.result - 1]
             self.store.give_back(self._moves(answer.holder, lane, backend, rule, -1))
 
-    def _moves(self, holder: str, lane: Lane, backend: Backend, rule: TakeRule, sign: int) -> list[Change]:
+    def _moves(
+        self, holder: str, lane: GatedLane, backend: Backend, rule: TakeRule, sign: int
+    ) -> list[Change]:
         key = self.store.backend_key(backend)
         changes = [
             Change(holder, key, "f", sign),
@@ -349,7 +355,7 @@ class SharedPoolGate(PoolGate):
         return granted
 
     def _claim_for_nobody(
-        self, lane: Lane, order: Sequence[Backend], rule: TakeRule, answer: TakeAnswer
+        self, lane: GatedLane, order: Sequence[Backend], rule: TakeRule, answer: TakeAnswer
     ) -> None:
         backend = order[answer.result - 1]
         self.store.give_back(self._moves(answer.holder, lane, backend, rule, -1))

@@ -61,7 +61,7 @@ from router.state.slots.arithmetic import UNKNOWN_HOLDER, SlotCounts, TakeRule
 
 if TYPE_CHECKING:
     from router.fleet.backend import Backend
-    from router.lanes.lane import Lane
+    from router.lanes.ticket import GatedLane
 
 log = logging.getLogger("lane_router.slots")
 
@@ -103,9 +103,9 @@ class Holding(Protocol):
 
     waiting: int
 
-    def held(self) -> tuple[Iterable[Backend], Iterable[Lane]]: ...
+    def held(self) -> tuple[Iterable[Backend], Iterable[GatedLane]]: ...
 
-    def lane_part(self, lane: Lane) -> int | None: ...
+    def lane_part(self, lane: GatedLane) -> int | None: ...
 
     def wake(self) -> None: ...
 
@@ -198,11 +198,11 @@ class SlotStore:
         self._start_beating()
         self.watch()
 
-    def excess(self, lane: Lane) -> int:
+    def excess(self, lane: GatedLane) -> int:
         """What other processes held of `lane` beyond their parts, at this one's last look."""
         return self._excess.get(self.lane_key(lane), 0)
 
-    def lane_key(self, lane: Lane) -> str:
+    def lane_key(self, lane: GatedLane) -> str:
         return self._name("lane", lane.name)
 
     def backend_key(self, backend: Backend) -> str:
@@ -216,7 +216,7 @@ class SlotStore:
 
     # -- taking and giving back -----------------------------------------------------------
 
-    async def take(self, lane: Lane, order: Sequence[Backend], rule: TakeRule) -> TakeAnswer | None:
+    async def take(self, lane: GatedLane, order: Sequence[Backend], rule: TakeRule) -> TakeAnswer | None:
         """Charge the lane (if asked) and the first backend of `order` with room; None when
         Redis did not answer (the store is local now)."""
         holder = self.holder
@@ -382,7 +382,7 @@ class SlotStore:
         """Everything the process's gates hold now, as charges (a lane's with this process's
         part of its limit)."""
         changes: list[Change] = []
-        lanes: dict[Lane, int | None] = {}
+        lanes: dict[GatedLane, int | None] = {}
         for gate in list(self._gates):
             backends, gate_lanes = gate.held()
             for b in backends:

@@ -59,7 +59,8 @@ async def test_a_quiet_key_goes_ahead_of_a_flood_waiting_in_the_same_process(
         done, _ = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
         (task,) = done
         granted.append(tasks.pop(task))
-    assert QUIET.name in granted
+    # The first slot freed: the flood holds the whole lane, the quiet key nothing.
+    assert granted[0] == QUIET.name
 
     for task in tasks:
         task.cancel()
