@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from router.config.issue import ConfigIssue
+from router.config.lanemap import lane_plan
 from router.config.modelchecks import model_rules
 from router.config.models import ProfileConfig
 from router.config.vllm import vllm_rule_violations
@@ -25,6 +26,7 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _key_rules(cfg)
     issues += _slow_client_rules(cfg)
     issues += _token_rules(cfg)
+    issues += _fair_by_rules(cfg)
     return issues
 
 
@@ -82,6 +84,26 @@ def _lanes_name_pools(cfg: ProfileConfig) -> list[ConfigIssue]:
         ConfigIssue(f"lanes.{cls.value}.pool", f"names unknown pool {lane.pool!r} (pools: {known})")
         for cls, lane in cfg.lanes.items()
         if lane.pool not in cfg.pools
+    ]
+
+
+def _fair_by_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    """Lanes of one pool at one priority wait in one order: a turn there is counted one way."""
+    counted: dict[tuple[str, int], set[str]] = {}
+    for planned in lane_plan(cfg):
+        lc = planned.config
+        counted.setdefault((lc.pool, lc.priority), set()).add(lc.fair_by)
+    return [
+        ConfigIssue(
+            f"{planned.path}.fair_by",
+            f"lanes of pool {planned.config.pool!r} at priority {planned.config.priority} count turns "
+            "both in requests and in tokens: give them one fair_by, or different priorities",
+        )
+        for planned in lane_plan(cfg)
+        # A lane the profile does not write (a model's default lane) counts requests: the
+        # finding is on the lanes it does write.
+        if len(counted[(planned.config.pool, planned.config.priority)]) > 1
+        and not planned.path.startswith("pools.")
     ]
 
 

@@ -198,7 +198,10 @@ class LaneConfig(Strict):
     (router/balance/, docs/balance.md): `balance: NAME`, or `balance: {strategy: NAME, ...}`.
     `priority`: lower goes first when lanes sharing a pool wait for room (then keys by `tier`, and
     fairly by `weight`). `queue_limit` is shared by the keys waiting: a key holding fewer places
-    for its weight takes the newest place of the key holding the most. `decouple`: always relay
+    for its weight takes the newest place of the key holding the most. `fair_by`: what a key's
+    turn is counted in, `requests` (each request one turn) or `tokens` (its prompt and output
+    bound); lanes sharing a pool at one `priority` share their order, so they count alike.
+    `decouple`: always relay
     through a per-stream buffer, as for a detected slow client. `max_prompt_tokens` /
     `max_output_tokens`: the request shape the lane accepts (400 beyond it), which is also the
     shape its capacity evidence must cover."""
@@ -209,6 +212,7 @@ class LaneConfig(Strict):
     max_in_flight: int | None = Field(None, ge=1)
     queue_limit: int = Field(1024, ge=0)
     queue_timeout_s: float = Field(30.0, gt=0)
+    fair_by: Literal["requests", "tokens"] = "requests"
     decouple: bool = False
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)

@@ -12,15 +12,16 @@ of their weights. One key's waiters keep their order: alone, a band is FIFO. A k
 band starts after the slots of the lane it holds already (taken while nobody waited, untagged):
 the first slot a flood frees goes to a key holding none.
 
-A request's cost is 1, not its tokens (`Band.add` takes another). Measured on two keys kept
-waiting on 2 slots, each request holding its slot as long as its tokens
-(tests/lanes/test_fairqueue.py): with equal sizes both costs give the same shares; when one
-key's requests are 10 times longer, counting requests shares the requests by weight and the
-slots' time 10:1, counting tokens shares the time by weight and the requests 1:10. Requests it
-is: a waiting request's output length is unknown when it is ordered (its bound, `max_tokens` or
-the context, would charge a key for what it might ask and favour clients that set a low bound),
-a lane's slot is what the queue hands out, and a key's tokens are already capped by its
-`tpm`."""
+A request's cost is 1 by default; a lane with `fair_by: tokens` charges its prompt and output
+bound (`Band.add` takes the cost). Measured on two keys kept waiting on 2 slots, each request
+holding its slot as long as its tokens (tests/lanes/test_fairqueue.py): with equal sizes both
+costs give the same shares; when one key's requests are 10 times longer, counting requests
+shares the requests by weight and the slots' time 10:1, counting tokens shares the time by
+weight and the requests 1:10. Requests are the default: a waiting request's output length is
+unknown when it is ordered (its bound, `max_tokens` or the context, charges a key for what it
+might ask and favours clients that set a low bound), a lane's slot is what the queue hands out,
+and a key's tokens are already capped by its `tpm`. Where one tenant's answers are many times
+longer than the others', the lab finds tokens right (docs/lab.md)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,10 @@ class Band:
         self.clock = 0.0
         self.finish_of: dict[str, float] = {}
 
-    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0, held: int = 0) -> None:
-        """Tag the waiter and place it after every waiter of a tag as small. `held`: the key's
-        requests holding a slot of the waiter's lane. A key new to the band starts after them,
+    def add(self, waiter: Waiter, tenant: Tenant, cost: float = 1.0, held: float = 0.0) -> None:
+        """Tag the waiter and place it after every waiter of a tag as small. `held`: the turns of
+        the key's requests holding a slot of the waiter's lane (their count, times `cost` where
+        turns are tokens). A key new to the band starts after them,
         as if they had been tagged: they took their slots untagged while nobody waited (or
         were tagged before the band last emptied), and a key holding slots must not tie with
         one that holds none."""
@@ -77,7 +79,7 @@ class Band:
                 hi = mid
         waiters.insert(lo, waiter)
 
-    def start_of(self, tenant: Tenant, held: int) -> float:
+    def start_of(self, tenant: Tenant, held: float) -> float:
         """The virtual start the key's next waiter would be tagged with."""
         last = self.finish_of.get(tenant.name)
         return self.clock + held / tenant.weight if last is None else max(self.clock, last)

@@ -232,7 +232,8 @@ class PoolGate:
             band = self._queues[place] = Band()
             bisect.insort(self._priorities, place)
         waiter = Waiter(ticket, future, band)
-        band.add(waiter, tenant, held=lane.held.get(tenant.name, 0))
+        cost = turn_cost(ticket)
+        band.add(waiter, tenant, cost, held=lane.held.get(tenant.name, 0) * cost)
         places = self._places.get(id(lane))
         if places is None:
             places = self._places[id(lane)] = {}
@@ -315,8 +316,9 @@ class PoolGate:
                 if waiter is not None:
                     ahead += band.ahead(lane, waiter.finish, waiter)
                 else:
-                    start = band.start_of(tenant, lane.held.get(tenant.name, 0))
-                    ahead += band.ahead(lane, start + 1.0 / tenant.weight)
+                    cost = turn_cost(ticket)
+                    start = band.start_of(tenant, lane.held.get(tenant.name, 0) * cost)
+                    ahead += band.ahead(lane, start + cost / tenant.weight)
             break
         cfg = lane.config
         return retry_after_s(lane.drain, ahead + 1, cfg.queue_timeout_s, time.monotonic())
@@ -370,6 +372,12 @@ class PoolGate:
 
 
 _DOWN: Final = Health.DOWN
+
+
+def turn_cost(ticket: Ticket) -> float:
+    """What the request's turn costs its key in the fair order: one, or its tokens where its
+    lane counts turns in tokens (`fair_by`)."""
+    return float(ticket.tokens) if ticket.lane.config.fair_by == "tokens" else 1.0
 
 
 def most_held(places: dict[str, deque[Waiter]], than: float) -> Waiter | None:

@@ -62,6 +62,7 @@ class Ticket:
         "prefilling",
         "tenant",
         "timer",
+        "tokens",
         "tried",
     )
 
@@ -85,6 +86,8 @@ class Ticket:
         # The LoRA adapter the request names: only its holders may take it (`for_adapter`).
         self.adapter: AdapterNeed | None = None
         self.tenant: Tenant = ANONYMOUS  # its key, as the queue orders it
+        # Its prompt and output bound: its turn's cost in a lane that counts turns in tokens.
+        self.tokens = 1
 
     def for_adapter(self, need: AdapterNeed) -> None:
         """Send the request only to the adapter's holders, placed by its name

@@ -197,6 +197,7 @@ async def _handle(
         stored.backend if stored is not None else None,  # positional: the pin
     )
     ticket.tenant = key.tenant
+    ticket.tokens = facts.prompt_tokens + (bound or 0) * facts.sequences
     if need is not None:
         ticket.for_adapter(need)
     if form is not None:

@@ -456,3 +456,20 @@ def test_several_pools_still_need_a_lane_per_class() -> None:
     data = valid_profile()
     data.pop("lanes")
     assert paths_of(data) == {f"lanes.{c.value}" for c in ALL_CLASSES}
+
+
+def test_a_lane_alone_at_its_priority_may_count_turns_in_tokens() -> None:
+    data = mutated(_set("lanes/long_context/fair_by", "tokens"))
+    assert parse_profile(data).lanes[RequestClass.LONG_CONTEXT].fair_by == "tokens"
+
+
+def test_lanes_sharing_a_pool_and_a_priority_must_count_turns_alike() -> None:
+    issues = issues_of(mutated(_set("lanes/chat/fair_by", "tokens")))
+
+    # chat, rag, agent and slow_stream wait in one order on the interactive pool.
+    assert [p for p, _ in issues] == [f"lanes.{c}.fair_by" for c in ("chat", "rag", "agent", "slow_stream")]
+    assert "count turns both in requests and in tokens" in issues[0][1]
+
+
+def test_a_lane_counts_turns_in_requests_or_tokens_only() -> None:
+    assert paths_of(mutated(_set("lanes/chat/fair_by", "bytes"))) == {"lanes.chat.fair_by"}

@@ -39,9 +39,10 @@ class Lab:
             base_url=url, timeout=WAIT_S, limits=httpx.Limits(max_connections=200)
         )
 
-    def send(self, key: str, n: int = 1) -> list[asyncio.Task[httpx.Response]]:
+    def send(self, key: str, n: int = 1, max_tokens: int = 4) -> list[asyncio.Task[httpx.Response]]:
+        body = {**BODY, "max_tokens": max_tokens}
         return [
-            asyncio.ensure_future(self.client.post("/v1/chat/completions", json=BODY, headers=auth(key)))
+            asyncio.ensure_future(self.client.post("/v1/chat/completions", json=body, headers=auth(key)))
             for _ in range(n)
         ]
 
@@ -94,6 +95,9 @@ async def lab(keys: dict[str, dict[str, Any]], chat: dict[str, Any]) -> AsyncIte
     async with server_group() as group:
         data = profile([await group.serve(backend)])
         data["lanes"]["chat"].update(max_in_flight=SLOTS, queue_timeout_s=WAIT_S, **chat)
+        if "fair_by" in chat:  # every lane of the pool at its priority counts turns alike
+            for lane in data["lanes"].values():
+                lane["fair_by"] = chat["fair_by"]
         for timeout in ("read_timeout_s", "response_head_timeout_s"):
             data["pools"]["interactive"][timeout] = WAIT_S
         for key in data["keys"]:
@@ -109,9 +113,9 @@ async def lab(keys: dict[str, dict[str, Any]], chat: dict[str, Any]) -> AsyncIte
             await lab.client.aclose()
 
 
-async def fill(lab: Lab, key: str, queued: int) -> list[asyncio.Task[httpx.Response]]:
+async def fill(lab: Lab, key: str, queued: int, max_tokens: int = 4) -> list[asyncio.Task[httpx.Response]]:
     """`key` takes both slots and queues `queued` more."""
-    tasks = lab.send(key, SLOTS + queued)
+    tasks = lab.send(key, SLOTS + queued, max_tokens)
     await lab.backend.wait_for(lambda: lab.backend.held == SLOTS, WAIT_S)
     await lab.waiting(queued)
     return tasks
@@ -190,6 +194,24 @@ async def test_a_higher_tier_drains_first(lab: Lab) -> None:
 
     assert [await lab.next_arrival() for _ in range(6)] == [QUIET] * 5 + [FLOOD]
     assert {r.status_code for r in await finish(lab, low + high)} == {200}
+
+
+@pytest.mark.parametrize(
+    ("chat", "order"),
+    [
+        # By requests, turns alternate once the flood's held slots are behind the quiet key.
+        ({}, [QUIET, QUIET, FLOOD, QUIET, FLOOD, QUIET]),
+        # By tokens, the flood's requests ask for 100 times the output: the quiet key's five
+        # cost less than one of them.
+        ({"fair_by": "tokens"}, [QUIET] * 5 + [FLOOD]),
+    ],
+)
+async def test_a_lane_counting_tokens_gives_short_requests_more_turns(lab: Lab, order: list[str]) -> None:
+    long = await fill(lab, FLOOD, 10, max_tokens=200)
+    short = lab.send(QUIET, 5, max_tokens=2)
+    await lab.waiting(15)
+    assert [await lab.next_arrival() for _ in range(6)] == order
+    assert {r.status_code for r in await finish(lab, long + short)} == {200}
 
 
 @pytest.mark.parametrize("chat", [{"queue_limit": 10}])
