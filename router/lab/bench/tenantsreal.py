@@ -3,13 +3,14 @@ own process, in front of simulated engines, in real time.
 
 Each tenant of the workload sends with a key of its own — `fifo`: one key for every tenant, whose
 waiters the router keeps in order; `fair`: a key per tenant with its `weight` and `tier` — made
-for the run and given to the router's profile beside the stack's own. The router counts a
-waiter as one request: `fair-tokens` exists on the virtual clock only.
+for the run and given to the router's profile beside the stack's own; `fair-tokens`: the same
+keys, every lane of the profile counting turns in tokens (`fair_by: tokens`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -22,7 +23,6 @@ from router.lab.bench.stack import local_stack
 from router.lab.bench.tenants import MODES, ModeRun, tenant_stats
 from router.lab.bench.workload import WorkloadSpec
 
-REALTIME_MODES = ("fifo", "fair")
 SHARED_KEY = "shared"
 
 
@@ -59,16 +59,24 @@ def keyed_items(trace: Trace, secrets: Mapping[str, str]) -> tuple[Item, ...]:
     )
 
 
+def counted_by(data: Mapping[str, Any], cost: str) -> dict[str, Any]:
+    """`data` (a profile mapping) with every lane it writes counting turns by `cost`."""
+    out = copy.deepcopy(dict(data))
+    lane_sets = [out.get("lanes", {})] + [m.get("lanes", {}) for m in out.get("models", {}).values()]
+    for lanes in lane_sets:
+        for lane in lanes.values():
+            lane["fair_by"] = cost
+    return out
+
+
 def run_mode_realtime(
     trace: Trace, data: Mapping[str, Any], preset: str, mode: str, *, progress: bool = False
 ) -> ModeRun:
     """`trace` through a fresh router and engines for `data`, keyed as `mode` says."""
-    if mode not in REALTIME_MODES:
-        raise ValueError(f"mode {mode!r} runs on the virtual clock only (in real time: fifo, fair)")
-    _, key_per_tenant = MODES[mode]
+    cost, key_per_tenant = MODES[mode]
     entries, secrets = tenant_keys(trace.workload, key_per_tenant)
     items = keyed_items(trace, secrets)
-    with local_stack(data, preset, keys=entries) as stack:
+    with local_stack(counted_by(data, cost), preset, keys=entries) as stack:
         # The requests carry their tenants' keys; the stack's own is not sent.
         endpoint = Endpoint(stack.url, None)
         outcomes = asyncio.run(run_items(items, endpoint, RealtimeOptions(progress=progress, desc=mode)))

@@ -21,7 +21,7 @@ from router.lab.bench.generate import Request, generate
 from router.lab.bench.lanequeue import VirtualGate
 from router.lab.bench.routing import VirtualRouter
 from router.lab.bench.tenants import load_lab_profile, run_tenants
-from router.lab.bench.tenantsreal import keyed_items, tenant_keys
+from router.lab.bench.tenantsreal import counted_by, keyed_items, tenant_keys
 from router.lab.bench.workload import load_workload, parse_workload
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.timing import StepTimeModel, load_preset
@@ -37,6 +37,7 @@ from router.lab.sim.vclock import (
 ROOT = Path(__file__).resolve().parents[3]
 NOISY = ROOT / "config/workloads/noisy-tenant.yaml"
 NOISY_LONG = ROOT / "config/workloads/noisy-tenant-long.yaml"
+PROFILE = ROOT / "router/lab/data/noisy-tenant-profile.yaml"
 BASE: dict[str, Any] = yaml.safe_load(NOISY.read_text())
 PRESET = load_preset("h100-llama3-8b")
 QUIET = ("web", "mobile", "reports")
@@ -214,13 +215,12 @@ def test_in_real_time_each_tenant_sends_with_its_own_key_or_all_with_one() -> No
     assert all(e["weight"] == 1.0 and e["tier"] == 0 for e in entries)
 
 
-def test_bench_tenants_in_real_time_refuses_the_virtual_only_mode(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    args = ["bench", "tenants", "--realtime", "--modes", "fifo,fair-tokens", "--workload", str(NOISY)]
-    assert main([*args, "--out", str(tmp_path)]) == 2
-    assert "--realtime runs the modes fifo, fair" in capsys.readouterr().err
-    assert not (tmp_path / "tenants.md").exists()
+def test_in_real_time_fair_tokens_has_every_lane_count_turns_in_tokens() -> None:
+    data = yaml.safe_load(PROFILE.read_text())
+    counted = counted_by(data, "tokens")
+    cfg = parse_profile(counted)
+    assert {lane.fair_by for lane in cfg.lanes.values()} == {"tokens"}
+    assert {lane.get("fair_by") for lane in data["lanes"].values()} == {None}  # the input is kept
 
 
 def test_the_simulator_holds_a_waiting_request_until_it_is_released_or_refused() -> None:
