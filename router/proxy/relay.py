@@ -22,6 +22,7 @@ from router.keys.ratelimit import (
     refusal,
 )
 from router.observe.metrics import RouteMetrics
+from router.observe.slo import judge
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import finish, open_response
@@ -166,6 +167,12 @@ def _ended(ex: Attempt, rm: RouteMetrics, status: int | str, gone: bool, now: fl
     if first_byte_at is not None:
         rm.ttft.observe(first_byte_at - ex.started)
         rm.duration.observe(now - ex.started)
+    slo = ex.lane.settings.slo
+    if slo is not None:
+        ttft = None if first_byte_at is None else first_byte_at - ex.started
+        verdict = judge(slo, status, gone, ttft, now - ex.started, ex.gaps_timed, ex.gaps_late)
+        rm.slo_judged(verdict)
+        ex.record.slo = verdict
     rec = ex.record
     rec.first_byte_at = first_byte_at
     rec.bytes_out = ex.bytes_out
