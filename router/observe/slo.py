@@ -57,22 +57,17 @@ def judge(
     """MET, the reason a request missed, or None when it is not counted. `status`: the relay's
     (an HTTP status, or a word when none was sent); `gone`: its client left; `ttft`, `elapsed`:
     seconds from arrival to the first byte (None if none) and to the end; `gaps`, `late`: its
-    timed chunk gaps, and those over the ITL bound."""
-    if gone:
-        missed = first_missed(slo, elapsed if ttft is None else ttft, elapsed, gaps, late)
-        return missed if missed else None
-    if not isinstance(status, int) or status == 429 or status >= 500:
-        return FAILED
-    if status >= 400:
-        return None
-    return first_missed(slo, elapsed if ttft is None else ttft, elapsed, gaps, late)
-
-
-def first_missed(slo: Slo, ttft: float, elapsed: float, gaps: int, late: int) -> str:
-    if ttft > slo.ttft_s:
+    timed chunk gaps, and those over the ITL bound. One function, not one per rule: it runs for
+    every request."""
+    if not gone and status != 200:
+        if not isinstance(status, int) or status == 429 or status >= 500:
+            return FAILED
+        if status >= 400:
+            return None
+    if (elapsed if ttft is None else ttft) > slo.ttft_s:
         return TTFT
     if late * ITL_ALLOWANCE > gaps:
         return ITL
     if elapsed > slo.e2e_s:
         return E2E
-    return MET
+    return None if gone else MET

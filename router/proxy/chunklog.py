@@ -91,9 +91,9 @@ class ChunkLog:
         self._gate = ex.lane.pool.gate
         self._ticket = ex.ticket
         self._gaps = ex.gaps
-        # Gaps timed, and those over the lane's ITL bound: its SLO's verdict (router/observe/slo.py).
-        slo = ex.lane.settings.slo
-        self._itl = slo.itl_s if slo is not None else UNBOUNDED
+        # Gaps timed, and those over the lane's ITL bound (read at a stream's first byte): its
+        # SLO's verdict (router/observe/slo.py).
+        self._itl = UNBOUNDED
         self.gaps_timed = 0
         self.gaps_late = 0
         tail = self._tail = ex.usage_tail
@@ -131,8 +131,13 @@ class ChunkLog:
 
     def first_byte(self, now: float) -> None:
         """The response's first body byte: its prefill is over."""
-        self.ex.first_byte_at = now
-        self.timing = self.is_sse
+        ex = self.ex
+        ex.first_byte_at = now
+        if self.is_sse:
+            self.timing = True
+            slo = ex.lane.settings.slo
+            if slo is not None:
+                self._itl = slo.itl_s
         self._gate.end_prefill(self._ticket)
 
     def backend_done(self) -> None:

@@ -163,17 +163,19 @@ def _ended(ex: Attempt, rm: RouteMetrics, status: int | str, gone: bool, now: fl
     there is the one the client got (or, gone before a response, nginx's 499). Returns the
     response's tail, b"" if not kept."""
     rm.request_done(status)
+    rec = ex.record
+    started = ex.started
     first_byte_at = ex.first_byte_at
+    ttft: float | None = None
     if first_byte_at is not None:
-        rm.ttft.observe(first_byte_at - ex.started)
-        rm.duration.observe(now - ex.started)
+        ttft = first_byte_at - started
+        rm.ttft.observe(ttft)
+        rm.duration.observe(now - started)
     slo = ex.lane.settings.slo
     if slo is not None:
-        ttft = None if first_byte_at is None else first_byte_at - ex.started
-        verdict = judge(slo, status, gone, ttft, now - ex.started, ex.gaps_timed, ex.gaps_late)
+        # Judged from the times just observed: no clock read of its own.
+        rec.slo = verdict = judge(slo, status, gone, ttft, now - started, ex.gaps_timed, ex.gaps_late)
         rm.slo_judged(verdict)
-        ex.record.slo = verdict
-    rec = ex.record
     rec.first_byte_at = first_byte_at
     rec.bytes_out = ex.bytes_out
     tail = ex.usage_tail.value(ex.bytes_out) if ex.usage_tail is not None else b""
