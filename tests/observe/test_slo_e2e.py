@@ -5,11 +5,13 @@ prompt answers are instant: a busy machine cannot move a request across its boun
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.support.fakebackend import Behaviour, FakeBackend
@@ -65,7 +67,8 @@ async def test_met_and_missed_requests_are_counted_by_lane_class_and_the_bound_m
 ) -> None:
     fake, url = backend
     config = write_profile(tmp_path / "p.yaml", slo_profile(url))
-    async with router(config) as r, r.client() as http:
+    log = tmp_path / "access.log"
+    async with router(config, args=["--access-log", str(log)]) as r, r.client() as http:
         statuses = [
             await ask(http, fake, Behaviour(tokens=4), stream=True),  # met
             await ask(http, fake, Behaviour(tokens=4), stream=False),  # met
@@ -79,6 +82,7 @@ async def test_met_and_missed_requests_are_counted_by_lane_class_and_the_bound_m
             await ask(http, fake, Behaviour(tokens=2), stream=False, cls="batch"),  # class default: met
         ]
         counts = await slo_counts(r)
+        verdicts = [line["slo"] for line in await access_lines(log, len(statuses))]
     assert statuses == [200, 200, 200, 200, 500, 400, 200, 200, 200, 200]
     assert counts == {
         ("chat", "chat", "met"): 2,
@@ -89,3 +93,16 @@ async def test_met_and_missed_requests_are_counted_by_lane_class_and_the_bound_m
         ("agent", "agent", "met"): 1,
         ("batch", "batch", "met"): 1,
     }
+    assert verdicts == ["met", "met", "ttft", "itl", "failed", None, "e2e", "met", None, "met"]
+
+
+async def access_lines(path: Path, count: int) -> list[dict[str, Any]]:
+    """The access log's lines once it holds `count` (its writer thread appends them a moment
+    after each request ends)."""
+    async with asyncio.timeout(30):
+        while True:
+            text = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else b"")
+            found = [orjson.loads(line) for line in text.splitlines()]
+            if len(found) >= count:
+                return found
+            await asyncio.sleep(0.05)
