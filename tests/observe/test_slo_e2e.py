@@ -1,7 +1,8 @@
 """SLO attainment read back from a real `lane-router serve`: a fake backend answers with known
 delays, so which requests met their lane's SLO and which bound each missed is known, and
-`/metrics` must count exactly that. Delays are seconds against bounds of one second, and
-prompt answers are instant: a busy machine cannot move a request across its bound."""
+`/metrics` and the access log must count exactly that, clients that leave included. Delays are
+seconds against bounds of one second, and prompt answers are instant: a busy machine cannot move
+a request across its bound."""
 
 from __future__ import annotations
 
@@ -53,6 +54,19 @@ async def ask(http: httpx.AsyncClient, fake: FakeBackend, behaviour: Behaviour, 
         return answer.status_code
 
 
+async def leave(http: httpx.AsyncClient, fake: FakeBackend, behaviour: Behaviour, read_first: bool) -> int:
+    """A stream the client leaves: at once, or once its first bytes arrived (late, the backend
+    waiting LATE_S before them); returns when the backend saw it go."""
+    fake.behaviour = behaviour
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=auth("tester")) as answer:
+        if read_first:
+            async for _ in answer.aiter_bytes():
+                break
+    await fake.wait_for(lambda: fake.seen[-1].disconnected is not None, timeout=30)
+    return answer.status_code
+
+
 async def slo_counts(r: Router) -> dict[tuple[str, str, str], float]:
     """(lane, class, verdict) → count; verdict `met` or the `missed` label."""
     found = await r.metrics()
@@ -80,20 +94,22 @@ async def test_met_and_missed_requests_are_counted_by_lane_class_and_the_bound_m
             await ask(http, fake, Behaviour(tokens=2), stream=False, cls="agent"),  # met
             await ask(http, fake, Behaviour(tokens=2, ttft_s=LATE_S), stream=True, cls="rag"),  # no SLO
             await ask(http, fake, Behaviour(tokens=2), stream=False, cls="batch"),  # class default: met
+            await leave(http, fake, Behaviour(ttft_s=30.0), read_first=False),  # cancelled: not counted
+            await leave(http, fake, Behaviour(tokens=3, ttft_s=LATE_S, itl_s=30.0), read_first=True),  # ttft
         ]
-        counts = await slo_counts(r)
         verdicts = [line["slo"] for line in await access_lines(log, len(statuses))]
-    assert statuses == [200, 200, 200, 200, 500, 400, 200, 200, 200, 200]
+        counts = await slo_counts(r)
+    assert statuses == [200, 200, 200, 200, 500, 400, 200, 200, 200, 200, 200, 200]
     assert counts == {
         ("chat", "chat", "met"): 2,
-        ("chat", "chat", "ttft"): 1,
+        ("chat", "chat", "ttft"): 2,
         ("chat", "chat", "itl"): 1,
         ("chat", "chat", "failed"): 1,
         ("agent", "agent", "e2e"): 1,
         ("agent", "agent", "met"): 1,
         ("batch", "batch", "met"): 1,
     }
-    assert verdicts == ["met", "met", "ttft", "itl", "failed", None, "e2e", "met", None, "met"]
+    assert verdicts == ["met", "met", "ttft", "itl", "failed", None, "e2e", "met", None, "met", None, "ttft"]
 
 
 async def access_lines(path: Path, count: int) -> list[dict[str, Any]]:
