@@ -13,7 +13,10 @@ from router.config import ConfigError, RequestClass, parse_profile
 from router.config.models import LaneConfig
 from router.config.slo import CLASS_SLO, lane_slo
 from router.lab.bench.workload import load_workload
+from router.observe.metrics import Metrics
 from router.observe.slo import E2E, FAILED, ITL, MET, TTFT, UNBOUNDED, Slo, judge
+from router.state.runtime import build_runtime
+from tests.support.profiles import profile
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "config" / "workloads"
 CHAT = Slo(ttft_s=1.0, itl_s=0.06, e2e_s=UNBOUNDED)
@@ -109,3 +112,22 @@ def test_slo_errors_name_their_dotted_path() -> None:
     assert _issues({"ttft_ms": 0}) == [("lanes.chat.slo.ttft_ms", "must be > 0.0")]
     [(path, _)] = _issues({"ttft_s": 1.0})
     assert path == "lanes.chat.slo.ttft_s"
+
+
+def test_a_reload_gives_a_kept_lane_its_new_slo() -> None:
+    data = profile(["http://127.0.0.1:9100"])
+    metrics = Metrics()
+    first = build_runtime(parse_profile(data), metrics)
+    chat = first.lanes[RequestClass.CHAT]
+    before = chat.settings.slo
+    assert before is not None and (before.ttft_s, before.itl_s, before.e2e_s) == (1.0, 0.06, math.inf)
+
+    data["lanes"]["chat"]["slo"] = {"e2e_ms": 500}
+    second = build_runtime(parse_profile(data), metrics, previous=first)
+    after = chat.settings.slo
+    assert second.lanes[RequestClass.CHAT] is chat
+    assert after is not None and (after.ttft_s, after.itl_s, after.e2e_s) == (math.inf, math.inf, 0.5)
+
+    data["lanes"]["chat"]["slo"] = None
+    build_runtime(parse_profile(data), metrics, previous=second)
+    assert chat.settings.slo is None
