@@ -186,6 +186,18 @@ class PoolConfig(Strict):
         return (self.model, *self.aliases, *self.adapters)
 
 
+class SloConfig(Strict):
+    """A lane's per-request service-level objective (router/observe/slo.py): a request meets it
+    when it was answered and every bound set holds. `ttft_ms`: arrival to the first response
+    byte; `itl_ms`: the request's own 95th-percentile gap between streamed chunks; `e2e_ms`:
+    arrival to the last byte. A lane without `slo:` has its class's (router/config/slo.py);
+    `slo: null` or `slo: {}` counts nothing."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)
+    e2e_ms: float | None = Field(None, gt=0)
+
+
 DEFAULT_LONG_PROMPT_TOKENS = 1024
 # Lane fields of earlier profiles, now settings of the prefix_affinity strategy.
 _MOVED_TO_BALANCE = {"affinity": "affinity", "affinity_min_tokens": "min_tokens", "affinity_slack": "slack"}
@@ -216,6 +228,8 @@ class LaneConfig(Strict):
     decouple: bool = False
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
+    # Unset: its class's SLO (router/config/slo.py); `null` or `{}`: none counted.
+    slo: SloConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -18,7 +18,13 @@ from typing import Any, TypeVar
 from router.config.load import ConfigError, load_profile
 from router.config.models import ProfileConfig
 from router.config.render import RenderError
-from router.deploy.k8s_options import DEFAULT_WAITING, DEFAULTS, parse_autoscaler, parse_scraper
+from router.deploy.k8s_options import (
+    DEFAULT_WAITING,
+    DEFAULTS,
+    SCALE_SIGNALS,
+    parse_autoscaler,
+    parse_scraper,
+)
 from router.deploy.plan import DEVICES, Device
 from router.deploy.render_compose import ComposeOptions, render_compose
 from router.deploy.render_k8s import K8sOptions, render_k8s
@@ -33,6 +39,7 @@ K8S_FLAGS = {
     "--autoscale": "autoscale",
     "--prometheus": "prometheus",
     "--prometheus-pods": "prometheus_pods",
+    "--autoscale-on": "autoscale_on",
 }
 T = TypeVar("T")
 OUTPUT_FILES = {"vllm": "vllm-serve.sh", "compose": "compose.yaml", "k8s": "lane-router.yaml"}
@@ -69,7 +76,9 @@ K8S_HELP = (
     "HorizontalPodAutoscaler, which needs a custom-metrics adapter "
     "(deploy/prometheus/prometheus-adapter.yml); 'keda' a KEDA ScaledObject querying --prometheus. "
     "Either way Prometheus must scrape the pool pods (deploy/prometheus/prometheus-k8s.yml), and a "
-    "NetworkPolicy admits --prometheus-pods to them."
+    "NetworkPolicy admits --prometheus-pods to them. --autoscale-on slo (or both) has a 'keda' autoscaler "
+    "also, or instead, grow the pool while its worst lane misses its SLO for more than 5 % of its requests "
+    "(the routers' lane:lane_router_slo_attainment:ratio_rate5m, deploy/prometheus/alerts.yml)."
 )
 
 
@@ -85,6 +94,12 @@ def _configure_k8s(group: argparse._ArgumentGroup) -> None:
         type=_parsed(parse_autoscaler),
         metavar="POOL=hpa|keda:MIN-MAX[:WAITING]",
         help="autoscale a pool, e.g. interactive=hpa:2-8 or batch=keda:1-4:8 (repeat for several pools)",
+    )
+    group.add_argument(
+        "--autoscale-on",
+        choices=SCALE_SIGNALS,
+        help="what the autoscalers scale on: waiting (vLLM's queue, the default), slo (the pool's lanes' "
+        "SLO attainment, keda only) or both",
     )
     keda = f"the Prometheus that KEDA queries (default {defaults.prometheus_url})"
     group.add_argument("--prometheus", metavar="URL", help=keda)
@@ -166,6 +181,7 @@ def _k8s_options(args: argparse.Namespace) -> dict[str, Any]:
         "autoscalers": tuple(args.autoscale) if args.autoscale else None,
         "prometheus_url": args.prometheus,
         "scraper": args.prometheus_pods,
+        "autoscale_on": args.autoscale_on,
     }
     return {name: value for name, value in given.items() if value is not None}
 

@@ -15,12 +15,18 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from router import __version__
+from router.config.lanemap import lane_plan
 from router.config.models import DiscoveryConfig, ProfileConfig
 from router.config.render import RenderError
+from router.config.slo import lane_slo
 from router.deploy.plan import Device
 
 AutoscalerKind = Literal["hpa", "keda"]
 AUTOSCALER_KINDS: tuple[AutoscalerKind, ...] = ("hpa", "keda")
+# What a pool's autoscaler scales on (`--autoscale-on`): the requests waiting in vLLM's queue, its
+# lanes' SLO attainment (KEDA only), or both (the larger of the two proposals wins).
+ScaleSignal = Literal["waiting", "slo", "both"]
+SCALE_SIGNALS: tuple[ScaleSignal, ...] = ("waiting", "slo", "both")
 DEFAULT_WAITING = 4.0
 # The router caps the backends it uses per pool (DiscoveryConfig.max_backends); an autoscaler
 # allowed past it would add servers no router sends to.
@@ -67,6 +73,7 @@ class K8sOptions:
     autoscalers: tuple[Autoscaler, ...] = ()
     prometheus_url: str = "http://prometheus.monitoring.svc:9090"  # what KEDA queries
     scraper: Scraper = Scraper()
+    autoscale_on: ScaleSignal = "waiting"
 
     def autoscaler(self, pool: str) -> Autoscaler | None:
         return next((a for a in self.autoscalers if a.pool == pool), None)
@@ -134,6 +141,13 @@ def check_options(cfg: ProfileConfig, opts: K8sOptions) -> None:
         if a.pool in seen:
             raise RenderError(f"pool {a.pool!r} has two autoscalers")
         seen.add(a.pool)
+        if opts.autoscale_on != "waiting" and a.kind != "keda":
+            raise RenderError(
+                f"autoscaler for {a.pool!r}: scaling on SLO attainment (--autoscale-on "
+                f"{opts.autoscale_on}) takes keda, which queries the attainment's recording rule"
+            )
+        if opts.autoscale_on != "waiting" and not slo_lanes(cfg, a.pool):
+            raise RenderError(f"autoscaler for {a.pool!r}: none of the pool's lanes has an SLO to scale on")
         cap = max_backends(cfg, a.pool)
         if cap is not None and a.max_replicas > cap:
             raise RenderError(
@@ -147,3 +161,12 @@ def max_backends(cfg: ProfileConfig, pool: str) -> int | None:
     then chooses one, see `router.deploy.k8s_pools.discovery_source`)."""
     discovery = cfg.pools[pool].discovery
     return None if discovery is None else discovery.max_backends
+
+
+def slo_lanes(cfg: ProfileConfig, pool: str) -> tuple[str, ...]:
+    """The names of the pool's lanes that judge their requests against an SLO."""
+    return tuple(
+        lane.name
+        for lane in lane_plan(cfg)
+        if lane.config.pool == pool and lane_slo(lane.cls, lane.config) is not None
+    )

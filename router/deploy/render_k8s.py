@@ -13,7 +13,7 @@ from __future__ import annotations
 from router.config.models import ProfileConfig
 from router.deploy.k8s_autoscale import HPA_METRIC, SCRAPE_POLICY, autoscaler_object, scrape_policy
 from router.deploy.k8s_objects import ROUTER_SELECTOR, SECRET, in_namespace, meta
-from router.deploy.k8s_options import DEFAULTS, Autoscaler, K8sOptions, check_options
+from router.deploy.k8s_options import DEFAULTS, Autoscaler, K8sOptions, check_options, slo_lanes
 from router.deploy.k8s_pools import (
     NETWORK_POLICY,
     discovery_source,
@@ -53,7 +53,7 @@ def render_k8s(cfg: ProfileConfig, opts: K8sOptions = DEFAULTS) -> Manifest:
         docs += pool_objects(p, opts)
         scaler = opts.autoscaler(p.name)
         if scaler is not None:
-            docs.append(autoscaler_object(p, scaler, opts))
+            docs.append(autoscaler_object(p, scaler, opts, slo_lanes(cfg, p.name)))
             scaled.append(p)
     docs.append(pools_policy())
     if scaled:

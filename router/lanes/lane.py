@@ -45,4 +45,4 @@ class Lane:
             self.name = self.cls.value
         if not self.model:
             self.model = self.pool.config.model
-        self.settings = LaneSettings(self.config, self.pool.config)
+        self.settings = LaneSettings(self.config, self.pool.config, self.cls)

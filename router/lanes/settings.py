@@ -9,10 +9,12 @@ on first use, as before, and the lookup is not repeated."""
 from __future__ import annotations
 
 from router.balance import routes_on_affinity
-from router.config.models import LaneConfig, PoolConfig
+from router.config.models import LaneConfig, PoolConfig, RequestClass
+from router.config.slo import lane_slo
 from router.fleet.adapters import AdapterNeed
 from router.observe.leanmetrics import CounterValue
 from router.observe.metrics import RouteMetrics
+from router.observe.slo import Slo
 
 
 class LaneSettings:
@@ -29,9 +31,10 @@ class LaneSettings:
         "priority",
         "route_metrics",
         "shaped",
+        "slo",
     )
 
-    def __init__(self, lane: LaneConfig, pool: PoolConfig) -> None:
+    def __init__(self, lane: LaneConfig, pool: PoolConfig, cls: RequestClass) -> None:
         self.affinity = routes_on_affinity(lane.balance)  # the balance strategy routes on one
         self.decouple = lane.decouple
         self.max_in_flight = lane.max_in_flight
@@ -51,3 +54,5 @@ class LaneSettings:
         self.by_priority = pool.vllm.scheduling_policy == "priority"
         self.route_metrics: RouteMetrics | None = None  # the lane's class × lane × pool children
         self.classified: dict[str, CounterValue] = {}  # the lane's classification counters, by reason
+        # What its finished requests are judged by (router/observe/slo.py); None: not judged.
+        self.slo: Slo | None = lane_slo(cls, lane)

@@ -59,6 +59,7 @@ def access_line(rec: RequestRecord) -> dict[str, Any]:
         "bytes_out": rec.bytes_out,
         "client_disconnect": rec.client_disconnect,
         "trace_id": trace_id.decode("ascii") if trace_id else None,
+        "slo": "met" if rec.slo == "" else rec.slo,
     }
 
 

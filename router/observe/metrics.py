@@ -254,6 +254,20 @@ class Metrics:
             ["model", "how"],
             registry=registry,
         )
+        # Requests judged against their lane's SLO (router/observe/slo.py), by lane and class.
+        self.slo_met = counter(
+            p + "slo_met",
+            "Requests that met their lane's SLO, by lane and class.",
+            ["lane", "class"],
+            registry,
+        )
+        self.slo_missed = counter(
+            p + "slo_missed",
+            "Requests that missed their lane's SLO, by lane, class and the first bound missed "
+            "(ttft, itl, e2e), or failed (429 or 5xx).",
+            ["lane", "class", "missed"],
+            registry,
+        )
 
         self._routes: dict[tuple[str, str, str], RouteMetrics] = {}
 
@@ -275,6 +289,7 @@ class RouteMetrics:
         "_disconnects",
         "_metrics",
         "_requests",
+        "_slo",
         "classified",
         "duration",
         "in_flight",
@@ -295,6 +310,8 @@ class RouteMetrics:
         # the label of its first request.
         self._requests: dict[int | str, CounterValue] = {}
         self._disconnects: dict[str, Counter] = {}
+        # The SLO verdicts' children, by verdict ("" for met), made at their first request.
+        self._slo: dict[str, CounterValue] = {}
 
     def request_done(self, status: int | str) -> None:
         child = self._requests.get(status)
@@ -307,6 +324,22 @@ class RouteMetrics:
         if child is None:
             child = self._disconnects[phase] = self._metrics.client_disconnects.labels(*self.key, phase)
         child.inc()
+
+    def slo_judged(self, verdict: str | None) -> None:
+        """Count a request's SLO verdict (router/observe/slo.py): "" met, else the bound it
+        missed; None is not counted."""
+        if verdict is None:
+            return
+        child = self._slo.get(verdict)
+        if child is None:
+            cls, lane, _ = self.key
+            if verdict:
+                child = self._metrics.slo_missed.labels(lane, cls, verdict)
+            else:
+                child = self._metrics.slo_met.labels(lane, cls)
+            self._slo[verdict] = child
+        # Its value, not inc(): a call fewer on every request, and the amount is never negative.
+        child.value += 1.0
 
 
 class LaneQueueMetrics:

@@ -73,6 +73,7 @@ class RequestRecord:
         "request_id",
         "retries",
         "route",
+        "slo",
         "started",
         "status",
         "stream",
@@ -114,6 +115,7 @@ class RequestRecord:
         self.bytes_in = 0
         self.bytes_out = 0
         self.usage_tail: bytes | None = None  # the response's last bytes, where the usage report is
+        self.slo: str | None = None  # its SLO verdict: "" met, the bound missed, None not judged
 
     def __repr__(self) -> str:
         return f"RequestRecord({self.request_id!r}, {self.route!r}, status={self.status})"

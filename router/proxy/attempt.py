@@ -28,6 +28,8 @@ class Attempt:
         "content_type",
         "first_byte_at",
         "gaps",
+        "gaps_late",
+        "gaps_timed",
         "lane",
         "method",
         "on_chunk",
@@ -90,6 +92,9 @@ class Attempt:
         self.first_byte_at: float | None = None
         self.status = 0
         self.bytes_out = 0  # the response's body bytes, set when its relay ends (router/proxy/respond.py)
+        # The stream's timed chunk gaps, and those over its lane's ITL bound, set with bytes_out.
+        self.gaps_timed = 0
+        self.gaps_late = 0
         # The last body message went out: the server reports a disconnect from then on (ASGI),
         # and that is the exchange ending, not the client leaving.
         self.answered = False

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Final
 
 from router.keys.ratelimit import USAGE_TAIL_BYTES
+from router.observe.slo import UNBOUNDED
 
 if TYPE_CHECKING:
     from router.proxy.attempt import Attempt
@@ -67,12 +68,15 @@ class ChunkLog:
         "_due",
         "_gaps",
         "_gate",
+        "_itl",
         "_kept",
         "_on_chunk",
         "_tail",
         "_ticket",
         "bytes_out",
         "ex",
+        "gaps_late",
+        "gaps_timed",
         "is_sse",
         "last",
         "timing",
@@ -87,6 +91,11 @@ class ChunkLog:
         self._gate = ex.lane.pool.gate
         self._ticket = ex.ticket
         self._gaps = ex.gaps
+        # Gaps timed, and those over the lane's ITL bound (read at a stream's first byte): its
+        # SLO's verdict (router/observe/slo.py).
+        self._itl = UNBOUNDED
+        self.gaps_timed = 0
+        self.gaps_late = 0
         tail = self._tail = ex.usage_tail
         # The tail's list, appended to here: a read touches the list and not the tail besides.
         self._kept = tail.chunks if tail is not None else None
@@ -100,7 +109,11 @@ class ChunkLog:
         """Record `chunk`'s arrival; return the time it was seen."""
         now = _monotonic()
         if self.timing:
-            self._gaps.observe(now - self.last)
+            gap = now - self.last
+            self._gaps.observe(gap)
+            self.gaps_timed += 1
+            if gap > self._itl:
+                self.gaps_late += 1
         elif self.ex.first_byte_at is None:
             self.first_byte(now)
         self.last = now
@@ -118,8 +131,13 @@ class ChunkLog:
 
     def first_byte(self, now: float) -> None:
         """The response's first body byte: its prefill is over."""
-        self.ex.first_byte_at = now
-        self.timing = self.is_sse
+        ex = self.ex
+        ex.first_byte_at = now
+        if self.is_sse:
+            self.timing = True
+            slo = ex.lane.settings.slo
+            if slo is not None:
+                self._itl = slo.itl_s
         self._gate.end_prefill(self._ticket)
 
     def backend_done(self) -> None:

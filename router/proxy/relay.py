@@ -22,6 +22,7 @@ from router.keys.ratelimit import (
     refusal,
 )
 from router.observe.metrics import RouteMetrics
+from router.observe.slo import judge
 from router.proxy.attempt import Attempt
 from router.proxy.chunklog import UsageTail
 from router.proxy.forward import finish, open_response
@@ -162,11 +163,19 @@ def _ended(ex: Attempt, rm: RouteMetrics, status: int | str, gone: bool, now: fl
     there is the one the client got (or, gone before a response, nginx's 499). Returns the
     response's tail, b"" if not kept."""
     rm.request_done(status)
-    first_byte_at = ex.first_byte_at
-    if first_byte_at is not None:
-        rm.ttft.observe(first_byte_at - ex.started)
-        rm.duration.observe(now - ex.started)
     rec = ex.record
+    started = ex.started
+    first_byte_at = ex.first_byte_at
+    ttft: float | None = None
+    if first_byte_at is not None:
+        ttft = first_byte_at - started
+        rm.ttft.observe(ttft)
+        rm.duration.observe(now - started)
+    slo = ex.lane.settings.slo
+    if slo is not None:
+        # Judged from the times just observed: no clock read of its own.
+        rec.slo = verdict = judge(slo, status, gone, ttft, now - started, ex.gaps_timed, ex.gaps_late)
+        rm.slo_judged(verdict)
     rec.first_byte_at = first_byte_at
     rec.bytes_out = ex.bytes_out
     tail = ex.usage_tail.value(ex.bytes_out) if ex.usage_tail is not None else b""

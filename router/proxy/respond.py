@@ -72,6 +72,8 @@ async def relay_response(runtime: Runtime, ex: Attempt, response: UpstreamRespon
             await _relay_direct(runtime, response, send, seen, first)
     finally:
         ex.bytes_out = seen.bytes_out
+        ex.gaps_timed = seen.gaps_timed
+        ex.gaps_late = seen.gaps_late
 
 
 async def _held(response: UpstreamResponse, seen: ChunkLog, first: bytes) -> bytes:

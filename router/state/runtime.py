@@ -328,7 +328,7 @@ def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) 
         lane.balancer = _balancer(lc, pool, metrics)
     lane.config = lc
     lane.pool = pool
-    lane.settings = LaneSettings(lc, pool.config)
+    lane.settings = LaneSettings(lc, pool.config, lane.cls)
 
 
 def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:

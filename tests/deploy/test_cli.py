@@ -134,6 +134,39 @@ def test_autoscalers_and_their_metrics_source_are_chosen_on_the_command_line(
     assert rule["from"][0]["podSelector"] == {"matchLabels": {"app": "prom"}}
 
 
+def test_autoscale_on_slo_is_chosen_on_the_command_line_and_needs_keda(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [
+        "render",
+        "k8s",
+        str(EXAMPLE_PROFILE),
+        "--autoscale",
+        "interactive=keda:2-6",
+        "--autoscale-on",
+        "both",
+    ]
+    assert main(argv) == 0
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    waiting, slo = docs["ScaledObject", "vllm-interactive"]["spec"]["triggers"]
+    assert "vllm:num_requests_waiting" in waiting["metadata"]["query"]
+    assert "lane:lane_router_slo_attainment:ratio_rate5m" in slo["metadata"]["query"]
+
+    hpa = [
+        "render",
+        "k8s",
+        str(EXAMPLE_PROFILE),
+        "--autoscale",
+        "interactive=hpa:2-6",
+        "--autoscale-on",
+        "slo",
+    ]
+    assert main(hpa) == 2
+    assert "scaling on SLO attainment (--autoscale-on slo) takes keda" in capsys.readouterr().err
+    assert main(["render", "compose", str(EXAMPLE_PROFILE), "--autoscale-on", "slo"]) == 2
+    assert capsys.readouterr().err == "lane-router render compose: --autoscale-on: for k8s only\n"
+
+
 def test_a_malformed_autoscaler_exits_2_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["render", "k8s", str(EXAMPLE_PROFILE), "--autoscale", "interactive=hpa:6-2"])

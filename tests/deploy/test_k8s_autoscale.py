@@ -16,14 +16,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from router.config import parse_profile
+from router.config.models import ProfileConfig
 from router.config.render import RenderError
-from router.deploy.k8s_autoscale import HPA_METRIC, SCRAPED_POOL_LABEL, WAITING_METRIC
+from router.deploy.k8s_autoscale import HPA_METRIC, SCRAPED_POOL_LABEL, SLO_RECORD, WAITING_METRIC, slo_query
 from router.deploy.k8s_objects import POOL_LABEL, POOLS_SELECTOR
 from router.deploy.k8s_options import K8sOptions, Scraper, parse_autoscaler
 from router.deploy.render_k8s import render_k8s
 from tests.deploy.k8s import Doc, container, kind, manifests, one, pod_labels, pools, selects_expressions
 from tests.deploy.samples import example
-from tests.deploy.tools import DEPLOY, K8S_VERSIONS, check_promql, require_tool
+from tests.deploy.tools import DEPLOY, K8S_VERSIONS, check_promql, require_tool, run
 
 SCHEMA = Path(__file__).with_name("keda-scaledobject.schema.json")
 ADAPTER = DEPLOY / "prometheus" / "prometheus-adapter.yml"
@@ -236,3 +238,93 @@ def test_an_autoscaler_must_name_a_pool_once(specs: tuple[str, ...], message: st
 
     with pytest.raises(RenderError, match=message):
         render_k8s(example(), options)
+
+
+def slo_scaled(autoscale_on: str, profile: ProfileConfig | None = None) -> Doc:
+    docs = manifests(profile, "interactive=keda:2-6", autoscale_on=autoscale_on)
+    return one(docs, "ScaledObject", "vllm-interactive")
+
+
+def test_a_scaled_object_can_scale_on_its_lanes_slo_attainment(keda: Any) -> None:
+    both, slo = slo_scaled("both"), slo_scaled("slo")
+    waiting, attainment = both["spec"]["triggers"]
+    [alone] = slo["spec"]["triggers"]
+
+    assert errors(keda, both) == [] and errors(keda, slo) == []
+    assert waiting["metadata"]["query"].startswith(f"sum({WAITING_METRIC}")
+    assert attainment == alone
+    assert (attainment["type"], attainment["metricType"]) == ("prometheus", "Value")
+    # The example profile's lanes on `interactive`: chat and agent, each with its class's SLO.
+    assert attainment["metadata"] == {
+        "serverAddress": "http://prometheus.monitoring.svc:9090",
+        "query": f'(1 - min({SLO_RECORD}{{lane=~"chat|agent"}})) or vector(0)',
+        "threshold": "0.05",
+        "ignoreNullValues": "false",
+    }
+    [only] = slo_scaled("waiting")["spec"]["triggers"]
+    assert only == waiting
+
+
+def test_the_slo_query_reads_the_worst_lanes_missed_share_from_the_recording_rule(
+    promtool: str, tmp_path: Path
+) -> None:
+    """The query against the real recording rule (promtool test rules): the worst of the pool's
+    lanes, matched by name exactly (a model's name holds regex syntax), and 0 with no traffic."""
+    lanes = ("org/m-1.5:chat", "org/m-1.5:agent")
+    series = [
+        # chat meets 75 % (3 of 4 requests), agent 98 %; a lane of another pool, whose name
+        # the dot would match unescaped, misses everything.
+        ('lane_router_slo_met_total{lane="org/m-1.5:chat", class="chat"}', "0+45x20"),
+        ('lane_router_slo_missed_total{lane="org/m-1.5:chat", class="chat", missed="itl"}', "0+15x20"),
+        ('lane_router_slo_met_total{lane="org/m-1.5:agent", class="agent"}', "0+588x20"),
+        ('lane_router_slo_missed_total{lane="org/m-1.5:agent", class="agent", missed="e2e"}', "0+12x20"),
+        ('lane_router_slo_missed_total{lane="org/m-1x5:chat", class="chat", missed="ttft"}', "0+60x20"),
+    ]
+    query = slo_query(lanes)
+    tests = {
+        "rule_files": [str(DEPLOY / "prometheus" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": "15m", "exp_samples": [{"labels": "{}", "value": 0.25}]},
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [{"series": series[0][0], "values": "7x20"}],
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": "15m", "exp_samples": [{"labels": "{}", "value": 0}]},
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "slo_query_test.yml"
+    path.write_text(yaml.safe_dump(tests), encoding="utf-8")
+
+    done = run(promtool, "test", "rules", str(path))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("scaler", "lanes", "message"),
+    [
+        ("interactive=hpa:2-6", {}, "scaling on SLO attainment .* takes keda"),
+        (
+            "interactive=keda:2-6",
+            {"chat": {"pool": "interactive", "slo": None}, "agent": {"pool": "interactive", "slo": {}}},
+            "none of the pool's lanes has an SLO",
+        ),
+    ],
+)
+def test_scaling_on_slo_needs_keda_and_a_lane_with_an_slo(scaler: str, lanes: Doc, message: str) -> None:
+    data = example().model_dump(mode="json", exclude_unset=True)
+    for name, lane in lanes.items():
+        data["lanes"][name] = lane
+    options = K8sOptions(autoscalers=(parse_autoscaler(scaler),), autoscale_on="slo")
+
+    with pytest.raises(RenderError, match=message):
+        render_k8s(parse_profile(data), options)

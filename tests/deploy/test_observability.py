@@ -95,6 +95,7 @@ def test_alert_rules_use_only_real_metrics(families: dict[str, Family]) -> None:
     alerts = {r["alert"] for r in rule_list if "alert" in r}
     assert alerts >= {"LaneRouterBackendDown", "LaneRouterLaneShedding", "LaneRouterTTFTBudgetBurnFast"}
     assert "LaneRouterTTFTBudgetBurnSlow" in alerts
+    assert "LaneRouterSloAttainmentLow" in alerts
 
 
 def test_dashboard_uses_only_real_metrics(families: dict[str, Family]) -> None:
@@ -133,6 +134,7 @@ def test_dashboard_covers_what_operators_watch() -> None:
         "lane_router_time_to_first_token_seconds_bucket", "lane_router_inter_token_latency_seconds_bucket",
         "lane_router_queue_time_seconds_bucket", "lane_router_backend_up", "lane_router_slow_clients_total",
         "lane_router_prefix_affinity_hits_total", "lane_router_requests_total",
+        "lane:lane_router_slo_attainment:ratio_rate5m", "lane_router_slo_missed_total",
     ):  # fmt: skip
         assert metric in joined
     assert "sum by (class, le)" in joined  # latency per class

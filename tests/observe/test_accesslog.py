@@ -29,7 +29,7 @@ PROMPT = "a confidential prompt about otters"
 FIELDS = [
     "time", "request_id", "key", "route", "class", "reason", "lane", "pool", "backend", "stream",
     "status", "error", "retries", "queue_ms", "upstream_ms", "ttft_ms", "duration_ms", "prompt_tokens",
-    "completion_tokens", "bytes_in", "bytes_out", "client_disconnect", "trace_id",
+    "completion_tokens", "bytes_in", "bytes_out", "client_disconnect", "trace_id", "slo",
 ]  # fmt: skip
 
 
