@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
@@ -157,6 +158,11 @@ class SharedState:
     def available(self) -> bool:
         """Whether Redis may be asked now: not within `recheck_s` of a failure."""
         return self._clock() >= self._retry_at
+
+    def retry_after_s(self) -> float:
+        """What a request refused for want of Redis is told: the whole seconds until Redis is
+        asked again (the rest of `recheck_s` after the last failure), at least 1."""
+        return float(max(1, math.ceil(self._retry_at - self._clock())))
 
     def skipped(self, op: str) -> None:
         """Count an operation answered without Redis because it failed moments ago."""
