@@ -14,7 +14,7 @@ import math
 import time
 from typing import Final
 
-from router.errors import RateLimited
+from router.errors import RETRY_AFTER_MAX_S, RateLimited
 from router.keys.pace import Pace
 from router.keys.ratelimit import REFILL_S, Levels, Limits, Verdict, until_full, whole
 
@@ -143,9 +143,9 @@ def refusal(verdict: Verdict, rates: KeyRates, anthropic: bool = False) -> RateL
         headers["x-should-retry"] = "false"
     pace, slots = rates.pace, rates.limits.max_concurrency
     if reason == "concurrency" and pace is not None and slots is not None:
-        wait = pace.wait_s(slots, REFILL_S)
+        wait = pace.wait_s(slots, RETRY_AFTER_MAX_S)
     else:
-        wait = max(1.0, min(float(math.ceil(verdict.retry_after_s)), REFILL_S))
+        wait = max(1.0, min(float(math.ceil(verdict.retry_after_s)), RETRY_AFTER_MAX_S))
     return RateLimited(
         f"rate limit reached for this key: {_MESSAGES[reason]}",
         code="request_too_large" if too_large else f"rate_limit_{reason}",

@@ -1,6 +1,7 @@
 """What a refused client is told to wait, read off raw sockets: a key at its `max_concurrency`
 from how long its requests hold their slots; a request refused for want of the shared state from
-the time left before Redis is asked again."""
+the time left before Redis is asked again; every backend at its queue limit from what the
+backend said."""
 
 from __future__ import annotations
 
@@ -14,21 +15,22 @@ import orjson
 
 from tests.conftest import router_stack
 from tests.proxy.test_handler_limits import LIMITED, with_limited_key
+from tests.proxy.test_hostile_backends import hostile, writes
 from tests.support.fakebackend import Behaviour
-from tests.support.profiles import MODEL
+from tests.support.profiles import KEYS, MODEL
 
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 
 
 async def raw_post(
-    url: str, body: bytes = BODY, path: str = "/v1/chat/completions"
+    url: str, body: bytes = BODY, path: str = "/v1/chat/completions", key: str = LIMITED
 ) -> tuple[int, dict[str, str]]:
-    """One request with the limited key, its status and headers as they came over the socket."""
+    """One request with `key`, its status and headers as they came over the socket."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(
-            f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {LIMITED}\r\n"
+            f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n".encode()
             + body
@@ -95,3 +97,13 @@ async def test_without_the_shared_state_a_refusal_says_when_redis_is_asked_again
     assert 1 <= seen[-1] < 3
     assert seen == sorted(seen, reverse=True)
     assert stack.forwarded() == 0
+
+
+async def test_a_backend_at_its_queue_limit_passes_on_its_own_retry_after() -> None:
+    cases = {b"Retry-After: 7": 7, b"Retry-After: 86400": 60, b"X-Other: 1": 1}
+    for field, told in cases.items():
+        full = b"HTTP/1.1 503 Service Unavailable\r\n%s\r\nContent-Length: 0\r\n\r\n" % field
+        async with hostile(writes(full)) as (stack, servers):
+            status, headers = await raw_post(stack.url, key=KEYS["user"])
+        assert status == 503 and servers[0].posts, field
+        assert headers["retry-after"] == str(told), field
