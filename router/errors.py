@@ -32,7 +32,14 @@ Messages of upstream errors reach clients: they name a backend by its pool and i
 
 from __future__ import annotations
 
+from typing import Final
+
 import orjson
+
+# The longest Retry-After the router computes outside a lane's queue (a lane's is bounded by its
+# `queue_timeout_s`): a rate bucket refills whole within it, and clients honour it (the openai
+# SDK ignores one above two minutes and falls back to its own short backoff).
+RETRY_AFTER_MAX_S: Final = 60.0
 
 
 class RouterError(Exception):

@@ -12,6 +12,7 @@ from typing import Final
 
 from router.config.models import DEFAULT_ROUTES, FieldRules, KeyConfig, RequestClass, RouteScope
 from router.errors import BadRequest, Forbidden, Unauthorized
+from router.keys.rateheaders import KeyRates
 from router.keys.ratelimit import Limits
 from router.keys.tenant import Tenant
 from router.request.fields import FieldPolicy
@@ -46,6 +47,8 @@ class ApiKey:
     # The rate limits as the limiter takes them, None for a key without any: built once here,
     # read by every request.
     limits: Limits | None = field(init=False, default=None, compare=False)
+    # The limits with their headers and the pace of the key's requests, None as `limits` is.
+    rates: KeyRates | None = field(init=False, default=None, compare=False)
     # What the ids of the key's requests to vLLM begin with (router/proxy/intake.py).
     id_prefix: bytes = field(init=False, default=b"", compare=False)
     # The key as a lane's queue orders its waiting requests (router/lanes/fairqueue.py).
@@ -54,6 +57,7 @@ class ApiKey:
     def __post_init__(self) -> None:
         limits = Limits(self.rpm, self.tpm, self.max_concurrency)
         object.__setattr__(self, "limits", limits if limits.any else None)
+        object.__setattr__(self, "rates", KeyRates(limits) if limits.any else None)
         object.__setattr__(self, "id_prefix", self.name.encode() + b":")
         object.__setattr__(self, "tenant", Tenant(self.name, self.weight, self.tier))
 

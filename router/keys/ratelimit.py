@@ -16,10 +16,7 @@ that do the same arithmetic, and hands the levels it found back to `judge`.
 
 from __future__ import annotations
 
-import math
 from typing import Final, NamedTuple, Protocol
-
-from router.errors import RateLimited
 
 # A bucket refills from empty to full in one minute.
 REFILL_S: Final = 60.0
@@ -45,39 +42,61 @@ class Limits(NamedTuple):
 
 
 class Verdict:
-    __slots__ = (
-        "allowed",
-        "reason",
-        "recorded",
-        "remaining_requests",
-        "remaining_tokens",
-        "reset_requests_s",
-        "reset_tokens_s",
-        "retry_after_s",
-    )
+    """A request's answer from the limiter, with the key's levels it saw (after its charge when
+    allowed). What the headers state — what is left, when each bucket is full again — is read
+    from those levels only where a header is written (router/keys/rateheaders.py)."""
+
+    __slots__ = ("allowed", "levels", "limits", "reason", "recorded", "retry_after_s")
 
     def __init__(
         self,
         allowed: bool,
         reason: str = "",
         retry_after_s: float = 0.0,
-        remaining_requests: int | None = None,
-        remaining_tokens: int | None = None,
+        levels: Levels | None = None,
+        *,
+        limits: Limits | None = None,
         recorded: bool = True,
-        reset_requests_s: float = 0.0,
-        reset_tokens_s: float = 0.0,
     ) -> None:
         self.allowed: Final = allowed
         self.reason: Final = reason  # requests | tokens | concurrency | too_large when refused
         self.retry_after_s: Final = retry_after_s
-        self.remaining_requests: Final = remaining_requests
-        self.remaining_tokens: Final = remaining_tokens
+        self.levels: Final = levels
+        self.limits: Final = limits
         # The store charged this request: it must be settled or refunded. False when a shared
         # store could not be reached and its policy let the request through uncounted.
         self.recorded: Final = recorded
-        # Until each bucket is full again at its refill rate (OpenAI's x-ratelimit-reset-*).
-        self.reset_requests_s: Final = reset_requests_s
-        self.reset_tokens_s: Final = reset_tokens_s
+
+    @property
+    def remaining_requests(self) -> int | None:
+        """Whole requests left under the key's rpm (never below 0), None without one."""
+        levels, limits = self.levels, self.limits
+        if levels is None or limits is None or limits.rpm is None:
+            return None
+        return whole(levels.requests)
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        levels, limits = self.levels, self.limits
+        if levels is None or limits is None or limits.tpm is None:
+            return None
+        return whole(levels.tokens)
+
+    @property
+    def reset_requests_s(self) -> float:
+        """Seconds until the requests bucket is full again (OpenAI's x-ratelimit-reset-requests)."""
+        levels, limits = self.levels, self.limits
+        if levels is None or limits is None or limits.rpm is None:
+            return 0.0
+        return until_full(levels.requests, limits.rpm)
+
+    @property
+    def reset_tokens_s(self) -> float:
+        """Seconds until the tokens bucket is full again: more than a minute under a debt."""
+        levels, limits = self.levels, self.limits
+        if levels is None or limits is None or limits.tpm is None:
+            return 0.0
+        return until_full(levels.tokens, limits.tpm)
 
     def __repr__(self) -> str:
         return (
@@ -85,6 +104,18 @@ class Verdict:
             f" remaining_requests={self.remaining_requests}, remaining_tokens={self.remaining_tokens},"
             f" recorded={self.recorded})"
         )
+
+
+def whole(left: float) -> int:
+    """A bucket's whole requests or tokens left, never below 0."""
+    return int(left) if left > 0.0 else 0
+
+
+def until_full(left: float, limit: int) -> float:
+    """Seconds until a bucket holding `left` of `limit` is full again at its refill rate."""
+    if limit <= 0 or left >= limit:
+        return 0.0
+    return (limit - left) * REFILL_S / limit
 
 
 class Levels:
@@ -140,7 +171,7 @@ def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]
     """`judge`, with the levels after it: charged when allowed, unchanged when refused."""
     rpm, tpm, max_concurrency = limits
     if tpm is not None and tokens > tpm:
-        return _verdict(False, "too_large", REFILL_S, levels, limits), levels
+        return Verdict(False, "too_large", REFILL_S, levels, limits=limits), levels
     requests_left, tokens_left = levels.requests, levels.tokens
     wait = 0.0
     reason = ""
@@ -153,9 +184,9 @@ def admit(levels: Levels, limits: Limits, tokens: int) -> tuple[Verdict, Levels]
     if not reason and max_concurrency is not None and levels.in_flight >= max_concurrency:
         wait, reason = 1.0, "concurrency"
     if reason:
-        return _verdict(False, reason, wait, levels, limits), levels
+        return Verdict(False, reason, wait, levels, limits=limits), levels
     charged = charge(levels, limits, tokens)
-    return _verdict(True, "", 0.0, charged, limits), charged
+    return Verdict(True, "", 0.0, charged, limits=limits), charged
 
 
 def charge(levels: Levels, limits: Limits, tokens: int) -> Levels:
@@ -190,35 +221,6 @@ def refunded(levels: Levels, limits: Limits, charged: int) -> Levels:
         tokens = min(float(tpm), tokens + charged)
     in_flight = levels.in_flight
     return Levels(requests, tokens, in_flight - 1 if in_flight > 0 else 0)
-
-
-def _verdict(allowed: bool, reason: str, wait: float, levels: Levels, limits: Limits) -> Verdict:
-    """A verdict with the whole requests and tokens left under each limit (None for no limit),
-    never below 0."""
-    rpm, tpm, _ = limits
-    requests: int | None = None
-    tokens: int | None = None
-    # Seconds until each bucket is full again (more than a minute when a debt left it below 0).
-    reset_requests = reset_tokens = 0.0
-    if rpm is not None:
-        left = levels.requests
-        requests = max(0, math.floor(left))
-        if rpm > 0 and left < rpm:
-            reset_requests = (rpm - left) * REFILL_S / rpm
-    if tpm is not None:
-        left = levels.tokens
-        tokens = max(0, math.floor(left))
-        if tpm > 0 and left < tpm:
-            reset_tokens = (tpm - left) * REFILL_S / tpm
-    return Verdict(
-        allowed=allowed,
-        reason=reason,
-        retry_after_s=wait,
-        remaining_requests=requests,
-        remaining_tokens=tokens,
-        reset_requests_s=reset_requests,
-        reset_tokens_s=reset_tokens,
-    )
 
 
 class RateStore(Protocol):
@@ -297,59 +299,6 @@ UNCOUNTED: Final = Verdict(True, recorded=False)
 def estimate_tokens(prompt_tokens: int, output_bound: int | None, sequences: int = 1) -> int:
     """The most a request can cost: its prompt and every sequence's output bound."""
     return prompt_tokens + (output_bound or 0) * sequences
-
-
-def rate_headers(verdict: Verdict, limits: Limits) -> list[tuple[bytes, bytes]]:
-    """OpenAI's x-ratelimit-* headers for the key's request and token limits it has."""
-    out: list[tuple[bytes, bytes]] = []
-    rpm, tpm, _ = limits
-    remaining = verdict.remaining_requests
-    if rpm is not None and remaining is not None:
-        out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
-        out.append((b"x-ratelimit-remaining-requests", b"%d" % remaining))
-        out.append((b"x-ratelimit-reset-requests", duration(verdict.reset_requests_s)))
-    remaining = verdict.remaining_tokens
-    if tpm is not None and remaining is not None:
-        out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
-        out.append((b"x-ratelimit-remaining-tokens", b"%d" % remaining))
-        out.append((b"x-ratelimit-reset-tokens", duration(verdict.reset_tokens_s)))
-    return out
-
-
-def duration(seconds: float) -> bytes:
-    """A reset time as OpenAI writes it, rounded up: `250ms` below a second, else `17s`, `6m0s`."""
-    if seconds < 1.0:
-        return b"%dms" % math.ceil(seconds * 1000.0) if seconds > 0.0 else b"0ms"
-    whole = math.ceil(seconds)
-    if whole < 60:
-        return b"%ds" % whole
-    return b"%dm%ds" % divmod(whole, 60)
-
-
-_MESSAGES: Final = {
-    "requests": "requests per minute",
-    "tokens": "tokens per minute",
-    "concurrency": "concurrent requests",
-    "too_large": "tokens per minute (this request alone is larger than the limit)",
-}
-
-
-def refusal(verdict: Verdict, limits: Limits) -> RateLimited:
-    """The 429 of a refused verdict. Its Retry-After is when the bucket holds enough again, in
-    whole seconds, at most a minute: a bucket refills whole in a minute, and clients (the openai
-    SDK among them) ignore a longer Retry-After for their own backoff."""
-    headers = {k.decode(): v.decode() for k, v in rate_headers(verdict, limits)}
-    too_large = verdict.reason == "too_large"
-    if too_large:
-        # Waiting never lets it through: clients that read this header (the OpenAI SDKs) stop.
-        headers["x-should-retry"] = "false"
-    code = "request_too_large" if too_large else f"rate_limit_{verdict.reason}"
-    return RateLimited(
-        f"rate limit reached for this key: {_MESSAGES[verdict.reason]}",
-        code=code,
-        retry_after=max(1.0, min(float(math.ceil(verdict.retry_after_s)), REFILL_S)),
-        headers=headers,
-    )
 
 
 # The usage object of an OpenAI response (the JSON body, or the last SSE event when the client

@@ -232,11 +232,11 @@ async def claim_stated(runtime: Runtime, key: ApiKey, facts: RequestFacts, lane:
         taken = not await ids.claim(value, claim.holder)
     except SharedStateDown:
         # Unchecked, the id could be another replica's: refused, as the rate limits' `closed`.
-        recheck = ids.shared.config.recheck_s if ids.shared is not None else 0.0
+        wait = ids.shared.retry_after_s() if ids.shared is not None else 1.0
         raise Unavailable(
             "response ids cannot be checked: the shared state is unavailable",
             code="response_ids_unavailable",
-            retry_after=max(1.0, recheck),
+            retry_after=wait,
         ) from None
     if taken:
         raise Conflict(f"response id {value!r} is already in use", code="response_id_in_use")

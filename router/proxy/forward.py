@@ -17,6 +17,7 @@ from typing import Final
 
 from router.balance.prefix_affinity import rendezvous_score
 from router.errors import (
+    RETRY_AFTER_MAX_S,
     RouterError,
     Unavailable,
     UpstreamAuthFailed,
@@ -143,13 +144,29 @@ async def open_response(runtime: Runtime, ex: Attempt, gate: PoolGate) -> Upstre
             last_error = Unavailable(
                 f"pool {pool.name!r}: every backend is at its queue limit",
                 code="backend_overloaded",
-                retry_after=1,
+                retry_after=backend_retry_after(response.headers),
             )
             continue
         if backend.consecutive_failures:
             health.note_success(backend)
         rec.connected_at = time.monotonic()
         return response
+
+
+# What a backend at its queue limit that does not say when to come back is taken to mean (vLLM's
+# own 503 says nothing): its queue turns over at its decode rate, most of it within a second.
+UNSTATED_RETRY_AFTER_S: Final = 1.0
+
+
+def backend_retry_after(headers: list[tuple[bytes, bytes]]) -> float:
+    """The backend's own Retry-After in whole seconds (a count of them; a date is not read),
+    within [1 s, a minute]; UNSTATED_RETRY_AFTER_S when it gave none."""
+    for name, value in headers:
+        if len(name) == 11 and name.lower() == b"retry-after":
+            value = value.strip()
+            if value.isdigit() and len(value) <= 6:
+                return max(1.0, min(float(int(value)), RETRY_AFTER_MAX_S))
+    return UNSTATED_RETRY_AFTER_S
 
 
 async def place_adapter(runtime: Runtime, pool: Pool, backend: Backend, need: AdapterNeed) -> None:

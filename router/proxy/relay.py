@@ -9,18 +9,11 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 from router.app.asgi import Receive, Send
+from router.app.routes import ANTHROPIC_TARGETS
 from router.errors import RouterError, Unavailable, UpstreamError
 from router.keys.auth import ApiKey
-from router.keys.ratelimit import (
-    Limits,
-    MemoryRateStore,
-    RateStore,
-    Verdict,
-    believed,
-    parse_usage,
-    rate_headers,
-    refusal,
-)
+from router.keys.rateheaders import KeyRates, refusal
+from router.keys.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, believed, parse_usage
 from router.observe.metrics import RouteMetrics
 from router.observe.slo import judge
 from router.proxy.attempt import Attempt
@@ -39,15 +32,16 @@ class Charge:
     is the in-process store, called directly since its work never waits; a shared store is
     awaited. A compiled class: one C call compiled."""
 
-    __slots__ = ("key", "limits", "local", "store", "tokens")
+    __slots__ = ("key", "limits", "local", "rates", "store", "tokens")
 
     def __init__(
-        self, *, store: RateStore, local: MemoryRateStore | None, key: str, limits: Limits, tokens: int
+        self, *, store: RateStore, local: MemoryRateStore | None, key: str, rates: KeyRates, tokens: int
     ) -> None:
         self.store: Final = store
         self.local: Final = local
         self.key: Final = key
-        self.limits: Final = limits
+        self.rates: Final = rates
+        self.limits: Final[Limits] = rates.limits
         self.tokens: Final = tokens
 
 
@@ -57,13 +51,14 @@ def relay(
     """Run the exchange under the key's rate limits (if it has any): refused before anything is
     taken; charged its upper bound, corrected by the response's usage; refunded when the router
     served nothing. A plain function returning the coroutine: one frame fewer on every resume."""
-    limits = key.limits
-    if limits is None:
+    rates = key.rates
+    if rates is None:
         return _exchange(runtime, ex, rm, receive, send, None)
+    limits = rates.limits
     store = runtime.rates
     local = store if isinstance(store, MemoryRateStore) else None
     tokens = cost if limits.tpm is not None else 0
-    charge = Charge(store=store, local=local, key=key.name, limits=limits, tokens=tokens)
+    charge = Charge(store=store, local=local, key=key.name, rates=rates, tokens=tokens)
     if local is None:
         return _shared(runtime, ex, rm, receive, send, charge)
     verdict = local.take(key.name, limits, tokens, time.monotonic())
@@ -81,10 +76,16 @@ def _admitted(ex: Attempt, verdict: Verdict, charge: Charge) -> Charge | None:
     """The charge to settle, or None when a shared store that could not be reached let the
     request through uncounted; a refused request raises."""
     if not verdict.allowed:
-        raise refusal(verdict, charge.limits)
+        raise refusal(verdict, charge.rates, ex.target in ANTHROPIC_TARGETS)
     if not verdict.recorded:
         return None
-    ex.response_headers.extend(rate_headers(verdict, charge.limits))
+    levels = verdict.levels
+    if levels is None:
+        pass
+    elif ex.target in ANTHROPIC_TARGETS:
+        charge.rates.anthropic(ex.response_headers, levels, time.time())
+    else:
+        charge.rates.openai(ex.response_headers, levels)
     if charge.limits.tpm is not None:
         ex.usage_tail = UsageTail()
     return charge
@@ -136,6 +137,9 @@ async def _exchange(
             now = time.monotonic()
             tail = _ended(ex, rm, status, watch.gone, now)
             if charge is not None:
+                pace = charge.rates.pace
+                if pace is not None:
+                    pace.ended(now - ex.started)  # how long a key's slot is held
                 # The tokens the response reported using (None if unknown, or if nothing was served).
                 used = believed(parse_usage(tail), charge.tokens, charge.limits) if served else None
                 local = charge.local

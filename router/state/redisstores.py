@@ -198,7 +198,7 @@ class RedisRateStore:
             raise Unavailable(
                 "per-key rate limits cannot be checked: the shared state is unavailable",
                 code="rate_limit_state_unavailable",
-                retry_after=max(1.0, self._state.config.recheck_s),
+                retry_after=self._state.retry_after_s(),
             ) from None
         except asyncio.CancelledError:
             self._give_up(key, token, limits)
@@ -209,7 +209,13 @@ class RedisRateStore:
         verdict = judge(Levels(float(requests), float(left), int(in_flight)), limits, tokens)
         if verdict.allowed != bool(charged):
             # Unreachable while the script and `judge` agree; the script's answer is what Redis holds.
-            return Verdict(bool(charged), verdict.reason or "requests", max(1.0, verdict.retry_after_s))
+            return Verdict(
+                bool(charged),
+                verdict.reason or "requests",
+                max(1.0, verdict.retry_after_s),
+                verdict.levels,
+                limits=limits,
+            )
         return verdict
 
     async def settle(self, key: str, limits: Limits, charged: int, used: int | None, now: float) -> None:

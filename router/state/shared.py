@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
@@ -32,6 +33,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from router.config.models import StateConfig
+from router.errors import RETRY_AFTER_MAX_S
 from router.observe.metrics import Metrics
 
 log = logging.getLogger("lane_router.shared_state")
@@ -157,6 +159,11 @@ class SharedState:
     def available(self) -> bool:
         """Whether Redis may be asked now: not within `recheck_s` of a failure."""
         return self._clock() >= self._retry_at
+
+    def retry_after_s(self) -> float:
+        """What a request refused for want of Redis is told: the whole seconds until Redis is
+        asked again (the rest of `recheck_s` after the last failure), within [1, a minute]."""
+        return max(1.0, min(float(math.ceil(self._retry_at - self._clock())), RETRY_AFTER_MAX_S))
 
     def skipped(self, op: str) -> None:
         """Count an operation answered without Redis because it failed moments ago."""

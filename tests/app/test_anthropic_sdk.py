@@ -4,13 +4,16 @@ client that leaves mid-stream."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anthropic
 import orjson
 import pytest
 from anthropic.types import MessageParam
 
+from router.keys.auth import hash_key
 from tests.conftest import Stack, router_stack
 from tests.support.anthropicapi import messages_profile, sdk
 from tests.support.fakebackend import Behaviour
@@ -123,3 +126,48 @@ async def test_the_key_from_x_api_key_on_the_anthropic_routes_only(stack: Stack)
     assert done.content[0].text == " t0 t1"  # type: ignore[union-attr]
     assert stack.forwarded() == 1
     assert "x-api-key" not in stack.seen()[0].headers
+
+
+LIMITED = "limited-messages-key-0123456789"
+
+
+def _limited(**limits: Any) -> Any:
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = messages_profile(urls)
+        data["keys"].append(
+            {"name": "limited", "sha256": hash_key(LIMITED), "routes": ["messages"], **limits}
+        )
+        return data
+
+    return shape
+
+
+async def test_the_sdk_retries_a_rate_limited_message_after_the_routers_retry_after() -> None:
+    # 60 requests a minute: once the bucket is empty the next request is one second away at
+    # most, and the router says so; the SDK's own backoff, without it, would wait half a second.
+    async with (
+        router_stack(n_backends=1, shape=_limited(rpm=60)) as stack,
+        anthropic.AsyncAnthropic(base_url=stack.url, api_key=LIMITED, max_retries=1, timeout=10) as client,
+    ):
+        create = client.messages.with_raw_response.create
+        for _ in range(300):  # the bucket refills one request a second while this empties it
+            began = time.monotonic()
+            raw = await create(model=MODEL, max_tokens=2, messages=HI)
+            took = time.monotonic() - began
+            if raw.retries_taken:
+                break
+    assert raw.retries_taken == 1 and raw.http_response.status_code == 200
+    assert took >= 1.0
+    assert raw.headers["anthropic-ratelimit-requests-limit"] == "60"
+
+
+async def test_the_sdk_does_not_retry_a_message_larger_than_the_keys_tokens_per_minute() -> None:
+    async with (
+        router_stack(n_backends=1, shape=_limited(tpm=500)) as stack,
+        anthropic.AsyncAnthropic(base_url=stack.url, api_key=LIMITED, max_retries=3, timeout=10) as client,
+    ):
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await client.messages.create(model=MODEL, max_tokens=1000, messages=HI)
+        text = stack.state.metrics.exposition().decode()
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert 'lane_router_rejected_total{reason="request_too_large"} 1.0' in text  # asked once

@@ -11,21 +11,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.errors import RateLimited
+from router.keys.rateheaders import KeyRates, duration
+from router.keys.rateheaders import refusal as key_refusal
 from router.keys.ratelimit import (
     USAGE_TAIL_BYTES,
     Levels,
     Limits,
     MemoryRateStore,
+    Verdict,
     charge,
-    duration,
     estimate_tokens,
     judge,
     parse_usage,
-    rate_headers,
     refill,
-    refusal,
     usage_at,
 )
+
+
+def rate_headers(verdict: Verdict, limits: Limits) -> list[tuple[bytes, bytes]]:
+    """The OpenAI headers a verdict of a key with `limits` answers with."""
+    out: list[tuple[bytes, bytes]] = []
+    assert verdict.levels is not None
+    KeyRates(limits).openai(out, verdict.levels)
+    return out
+
+
+def refusal(verdict: Verdict, limits: Limits) -> RateLimited:
+    return key_refusal(verdict, KeyRates(limits))
 
 
 async def test_requests_per_minute_allow_a_burst_then_pace() -> None:

@@ -5,8 +5,10 @@ with, before and within a stream, and where the key is read from (`x-api-key` be
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -119,6 +121,46 @@ async def test_rate_limit_and_a_full_lane_in_anthropics_envelope(stack: Stack) -
     _error(status, body, "overloaded_error")
 
 
+def _reset_at(value: str) -> float:
+    """An Anthropic reset header's time (RFC 3339, UTC, whole seconds) as seconds since the epoch."""
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+async def test_a_limited_key_gets_anthropics_rate_limit_headers() -> None:
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = messages_profile(urls)
+        limits = {"rpm": 2, "tpm": 6000}
+        data["keys"].append(
+            {"name": "metered", "sha256": hash_key(LIMITED_KEY), "routes": ["messages"], **limits}
+        )
+        return data
+
+    async with router_stack(n_backends=1, shape=shape) as stack:
+        began = time.time()
+        admitted = [await _raw(stack.url, [f"x-api-key: {LIMITED_KEY}"]) for _ in range(2)]
+        status, refused, _ = await _raw(stack.url, [f"x-api-key: {LIMITED_KEY}"])
+        ended = time.time()
+
+    assert [a[0] for a in admitted] == [200, 200] and status == 429
+    first = admitted[0][1]
+    assert first["anthropic-ratelimit-requests-limit"] == "2"
+    assert first["anthropic-ratelimit-requests-remaining"] == "1"
+    assert first["anthropic-ratelimit-tokens-limit"] == "6000"
+    estimate = 6000 - int(first["anthropic-ratelimit-tokens-remaining"])
+    # Full again when the charge has refilled: one request of two a minute takes 30 s, the
+    # tokens 1 s per 100; times in whole seconds, rounded up.
+    assert began + 30 - 1 <= _reset_at(first["anthropic-ratelimit-requests-reset"]) <= ended + 30 + 1
+    tokens_at = _reset_at(first["anthropic-ratelimit-tokens-reset"])
+    assert began + estimate / 100 - 1 <= tokens_at <= ended + estimate / 100 + 1
+    # Refused: both requests taken, the next whole one 30 s away; Anthropic's names only.
+    assert refused["anthropic-ratelimit-requests-remaining"] == "0"
+    # The refill while the test ran (2 requests a minute) shortens it by as much.
+    assert 30 - math.ceil(ended - began) <= int(refused["retry-after"]) <= 30
+    assert _reset_at(refused["anthropic-ratelimit-requests-reset"]) >= began + 60 - 1
+    for headers in (first, refused):
+        assert not [name for name in headers if name.startswith("x-ratelimit-")]
+
+
 async def test_the_openai_routes_keep_their_envelope(stack: Stack) -> None:
     status, _, body = await _raw(stack.url, [], b"{}", path="/v1/chat/completions")
     assert status == 401 and orjson.loads(body)["error"]["code"] == "missing_api_key"
@@ -191,10 +233,10 @@ async def test_the_keys_tokens_are_settled_on_the_usage_vllm_reports() -> None:
         slack = 6000 / 60 * (time.monotonic() - began) + 1
         used = first.json()["usage"]
         reported = used["input_tokens"] + used["output_tokens"]
-        estimate = 6000 - int(first.headers["x-ratelimit-remaining-tokens"])
+        estimate = 6000 - int(first.headers["anthropic-ratelimit-tokens-remaining"])
         assert first.status_code == second.status_code == 200 and estimate > 500
         # The second sees the first's reported usage charged, not its estimate.
-        remaining = int(second.headers["x-ratelimit-remaining-tokens"])
+        remaining = int(second.headers["anthropic-ratelimit-tokens-remaining"])
         assert abs(remaining - (6000 - reported - estimate)) <= slack
 
 

@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 from router.config.load import ConfigError, parse_profile
 from router.config.models import StateConfig
 from router.errors import Unavailable
-from router.keys.ratelimit import Limits, MemoryRateStore, RateStore, Verdict, refusal
+from router.keys.rateheaders import KeyRates, refusal
+from router.keys.ratelimit import Limits, MemoryRateStore, RateStore, Verdict
 from router.lanes.slowclient import SlowClients
 from router.observe.metrics import Metrics
 from router.state.redisstores import RedisRateStore, RedisSlowClients
@@ -111,7 +112,7 @@ async def test_a_shared_bucket_tells_a_refusal_and_an_admission_its_refill(
     # 300 tokens short of 500, less what refilled between the two calls.
     assert 0.0 < refused.retry_after_s <= 3.0
     assert refused.reset_tokens_s <= 58.0
-    headers = dict(refusal(refused, limits).headers())
+    headers = dict(refusal(refused, KeyRates(limits)).headers())
     assert headers[b"retry-after"] == b"%d" % max(1, math.ceil(refused.retry_after_s))
     assert headers[b"x-ratelimit-limit-tokens"] == b"6000"
 
