@@ -460,6 +460,8 @@ def _refused(
         return Unavailable(
             f"pool {pool!r} admits no prompts above {whole.long_prompt_tokens} tokens",
             code="long_prompt_refused",
+            # No wait lets it through: the SDKs that read this header do not retry.
+            headers={"x-should-retry": "false"},
         )
     # This process's part of a limit is 0; another process may take the request.
     if lane_limit == 0:

@@ -232,6 +232,8 @@ async def test_long_prompts_are_refused_when_the_pool_admits_none() -> None:
     with pytest.raises(Unavailable) as caught:
         await gate.acquire(ticket(rt, long=True))
     assert caught.value.code == "long_prompt_refused"
+    # No wait helps: told not to retry, and no Retry-After.
+    assert caught.value.headers() == [(b"x-should-retry", b"false")]
     assert await gate.acquire(ticket(rt, long=False)) is not None
 
 
