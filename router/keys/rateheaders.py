@@ -28,6 +28,52 @@ _MESSAGES: Final = {
 }
 
 
+class Shown:
+    """One limit's OpenAI headers as last written. A key far from its limit shows the same
+    values request after request (its bucket stays full), so each value is formatted again only
+    when it changes: formatting them every time was most of what the headers cost."""
+
+    __slots__ = (
+        "_ms",
+        "_remaining",
+        "_reset",
+        "_whole",
+        "limit",
+        "limit_header",
+        "remaining_name",
+        "reset_name",
+    )
+
+    def __init__(self, limit: float, name: bytes) -> None:
+        self.limit: Final = limit
+        self.limit_header: Final = (b"x-ratelimit-limit-" + name, b"%d" % limit)
+        self.remaining_name: Final = b"x-ratelimit-remaining-" + name
+        self.reset_name: Final = b"x-ratelimit-reset-" + name
+        self._whole = -1
+        self._remaining = (self.remaining_name, b"")
+        self._ms = -1
+        self._reset = (self.reset_name, b"")
+
+    def write(self, out: Headers, left: float) -> None:
+        """The limit, what is left (whole units) and when the bucket is full again (rounded up:
+        milliseconds below a second, `duration` above)."""
+        whole_left = int(left) if left > 0.0 else 0
+        if whole_left != self._whole:
+            self._whole = whole_left
+            self._remaining = (self.remaining_name, b"%d" % whole_left)
+        limit = self.limit
+        exact_ms = (limit - left) * REFILL_S * 1000.0 / limit
+        ms = int(exact_ms) if exact_ms > 0.0 else 0
+        if ms < exact_ms:
+            ms += 1
+        if ms != self._ms:
+            self._ms = ms
+            self._reset = (self.reset_name, b"%dms" % ms if ms < 1000 else duration(ms / 1000.0))
+        out.append(self.limit_header)
+        out.append(self._remaining)
+        out.append(self._reset)
+
+
 class KeyRates:
     """A key's limits as every one of its requests reads them, built once with the key: the
     limits, their headers, and how long its requests hold a slot (`pace`, None without a
@@ -39,55 +85,26 @@ class KeyRates:
         "limits",
         "pace",
         "requests",
-        "rpm",
         "tokens",
-        "tpm",
     )
 
     def __init__(self, limits: Limits) -> None:
         self.limits: Final = limits
         rpm, tpm, max_concurrency = limits
-        self.rpm: Final = -1.0 if rpm is None else float(rpm)  # < 0: no such limit
-        self.tpm: Final = -1.0 if tpm is None else float(tpm)
-        self.requests: Final = (b"x-ratelimit-limit-requests", b"%d" % (rpm or 0))
-        self.tokens: Final = (b"x-ratelimit-limit-tokens", b"%d" % (tpm or 0))
+        # None: no such limit, and no headers for it.
+        self.requests: Final = None if rpm is None else Shown(float(rpm), b"requests")
+        self.tokens: Final = None if tpm is None else Shown(float(tpm), b"tokens")
         self.anthropic_requests: Final = (b"anthropic-ratelimit-requests-limit", b"%d" % (rpm or 0))
         self.anthropic_tokens: Final = (b"anthropic-ratelimit-tokens-limit", b"%d" % (tpm or 0))
         self.pace: Final = Pace() if max_concurrency is not None else None
 
     def openai(self, out: Headers, levels: Levels) -> None:
-        """OpenAI's headers for each of the key's request and token limits. Written inline, every
-        answer of such a key writes them: a call per value cost more than the values."""
-        limit = self.rpm
-        if limit > 0.0:
-            left = levels.requests
-            # `%d` of a float truncates: the whole requests left, as `whole` counts them.
-            remaining = b"%d" % left if left > 0.0 else b"0"
-            reset = (limit - left) * REFILL_S / limit
-            if reset < 1.0:
-                # Rounded up (-(-x // 1) is the ceiling of a float, without a call).
-                after = b"%dms" % -(-reset * 1000.0 // 1.0) if reset > 0.0 else b"0ms"
-            else:
-                after = duration(reset)
-            out += (
-                self.requests,
-                (b"x-ratelimit-remaining-requests", remaining),
-                (b"x-ratelimit-reset-requests", after),
-            )
-        limit = self.tpm
-        if limit > 0.0:
-            left = levels.tokens
-            remaining = b"%d" % left if left > 0.0 else b"0"
-            reset = (limit - left) * REFILL_S / limit
-            if reset < 1.0:
-                after = b"%dms" % -(-reset * 1000.0 // 1.0) if reset > 0.0 else b"0ms"
-            else:
-                after = duration(reset)
-            out += (
-                self.tokens,
-                (b"x-ratelimit-remaining-tokens", remaining),
-                (b"x-ratelimit-reset-tokens", after),
-            )
+        """OpenAI's headers for each of the key's request and token limits."""
+        requests, tokens = self.requests, self.tokens
+        if requests is not None:
+            requests.write(out, levels.requests)
+        if tokens is not None:
+            tokens.write(out, levels.tokens)
 
     def anthropic(self, out: Headers, levels: Levels, now: float) -> None:
         """Anthropic's headers, each reset the wall-clock time (`now`, seconds since the epoch)
