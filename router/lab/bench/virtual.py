@@ -133,6 +133,7 @@ class _Driver:
         router: VirtualRouter,
         backends: list[VirtualBackend],
         bar: Bar,
+        *,
         key_per_tenant: bool = True,
     ) -> None:
         self.trace = trace
@@ -234,7 +235,7 @@ def run_virtual(
     router = VirtualRouter(cfg, gate=gate)
     try:
         with Bar(trace.request_count, opts.desc, enabled=opts.progress) as bar:
-            driver = _Driver(trace, router, backends, bar, opts.key_per_tenant)
+            driver = _Driver(trace, router, backends, bar, key_per_tenant=opts.key_per_tenant)
             cluster = driver.cluster = VirtualCluster(backends, scrape_interval=opts.scrape_interval)
             result = cluster.run(driver.initial(), router.pick, driver.on_done)
     finally:
