@@ -55,13 +55,18 @@ def writes(data: bytes, keep: bool = True) -> Reply:
     return reply
 
 
+# Health probes that never take a backend out of rotation within a test.
+NO_EJECTION: Mapping[str, Any] = {"interval_s": 600.0, "unhealthy_after": 100}
+
+
 @contextlib.asynccontextmanager
 async def hostile(
-    *replies: Reply | str, on_uvicorn: bool = False, **pool: Any
+    *replies: Reply | str, on_uvicorn: bool = False, health: Mapping[str, Any] | None = None, **pool: Any
 ) -> AsyncIterator[tuple[Stack, list[RawServer]]]:
     """A router whose interactive pool has one backend per reply (a string is a backend origin
     as it is, such as a port nobody listens on); `pool` overrides the pool's settings. On
-    uvicorn the router relays without the server's body writer, as under any ASGI server."""
+    uvicorn the router relays without the server's body writer, as under any ASGI server.
+    `health` overrides the profile's health settings."""
     async with raw_servers() as start:
         servers = [await start(backend(r)) for r in replies if not isinstance(r, str)]
         found = iter(servers)
@@ -70,6 +75,7 @@ async def hostile(
         def shape(_: list[str]) -> dict[str, Any]:
             data = profile(origins)
             data["pools"]["interactive"].update(pool)
+            data["health"].update(health or {})
             return data
 
         async with router_stack(n_backends=0, shape=shape, on_uvicorn=on_uvicorn) as stack:
@@ -256,7 +262,9 @@ async def test_a_stream_cut_short_ends_with_an_error_event_naming_no_address() -
 
 
 async def test_a_refused_connection_names_the_backend_by_its_index() -> None:
-    async with hostile(f"http://127.0.0.1:{closed_port()}") as (stack, _):
+    # Probes that would take the backend out of rotation before the request, on a slow machine,
+    # come too late to: the request itself meets the refused connection.
+    async with hostile(f"http://127.0.0.1:{closed_port()}", health=NO_EJECTION) as (stack, _):
         resp = await _post(stack)
     assert _error(resp, 502, "upstream_connect_error") == LABEL + ": cannot connect: connection refused"
 

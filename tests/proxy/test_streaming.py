@@ -191,7 +191,15 @@ async def test_disconnects_release_every_counter(stack: Stack) -> None:
 
 async def test_retry_on_another_backend_when_one_refuses_connections() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with router_stack(n_backends=1, shape=lambda urls: profile([dead, *urls])) as stack:
+
+    def shape(urls: list[str]) -> dict[str, Any]:
+        data = profile([dead, *urls])
+        # Probes that would take the dead backend out of rotation first, on a slow machine, are
+        # kept away: the requests themselves must meet its refused connections.
+        data["health"].update(interval_s=600.0, unhealthy_after=100)
+        return data
+
+    async with router_stack(n_backends=1, shape=shape) as stack:
         async with stack.client() as client:
             for _ in range(4):
                 resp = await client.post("/v1/chat/completions", json=WHOLE, headers=auth("user"))
