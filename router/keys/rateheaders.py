@@ -16,7 +16,7 @@ from typing import Final
 
 from router.errors import RETRY_AFTER_MAX_S, RateLimited
 from router.keys.pace import Pace
-from router.keys.ratelimit import REFILL_S, Levels, Limits, Verdict, until_full, whole
+from router.keys.ratelimit import Levels, Limits, Verdict, until_full, whole
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -44,7 +44,7 @@ class Shown:
         "reset_name",
     )
 
-    def __init__(self, limit: float, name: bytes) -> None:
+    def __init__(self, limit: int, name: bytes) -> None:
         self.limit: Final = limit
         self.limit_header: Final = (b"x-ratelimit-limit-" + name, b"%d" % limit)
         self.remaining_name: Final = b"x-ratelimit-remaining-" + name
@@ -57,12 +57,11 @@ class Shown:
     def write(self, out: Headers, left: float) -> None:
         """The limit, what is left (whole units) and when the bucket is full again (rounded up:
         milliseconds below a second, `duration` above)."""
-        whole_left = int(left) if left > 0.0 else 0
+        whole_left = whole(left)
         if whole_left != self._whole:
             self._whole = whole_left
             self._remaining = (self.remaining_name, b"%d" % whole_left)
-        limit = self.limit
-        exact_ms = (limit - left) * REFILL_S * 1000.0 / limit
+        exact_ms = until_full(left, self.limit) * 1000.0
         ms = int(exact_ms) if exact_ms > 0.0 else 0
         if ms < exact_ms:
             ms += 1
@@ -92,8 +91,8 @@ class KeyRates:
         self.limits: Final = limits
         rpm, tpm, max_concurrency = limits
         # None: no such limit, and no headers for it.
-        self.requests: Final = None if rpm is None else Shown(float(rpm), b"requests")
-        self.tokens: Final = None if tpm is None else Shown(float(tpm), b"tokens")
+        self.requests: Final = None if rpm is None else Shown(rpm, b"requests")
+        self.tokens: Final = None if tpm is None else Shown(tpm, b"tokens")
         self.anthropic_requests: Final = (b"anthropic-ratelimit-requests-limit", b"%d" % (rpm or 0))
         self.anthropic_tokens: Final = (b"anthropic-ratelimit-tokens-limit", b"%d" % (tpm or 0))
         self.pace: Final = Pace() if max_concurrency is not None else None
