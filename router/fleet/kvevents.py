@@ -33,7 +33,7 @@ MAX_PAYLOAD: Final = 64 * 1024 * 1024
 _MAX_TOKEN: Final = 2**32  # token ids are keyed as 4-byte unsigned ints (router/fleet/kvindex.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BlockStored:
     """Blocks an engine cached, in chain order: `token_ids` holds `block_size` tokens per hash.
     `plain`: no LoRA, no extra keys (multimodal inputs, cache salt) and the GPU tier of the first
@@ -138,7 +138,9 @@ def _stored(raw: dict[Any, Any]) -> BlockStored:
     extra = raw.get("extra_keys")
     plain = _plain(raw) and raw.get("lora_name") is None and raw.get("lora_id") is None
     plain = plain and (extra is None or (isinstance(extra, list) and all(k is None for k in extra)))
-    return BlockStored(hashes, parent, tuple(tokens), size, plain)
+    return BlockStored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=tuple(tokens), block_size=size, plain=plain
+    )
 
 
 def _plain(raw: dict[Any, Any]) -> bool:

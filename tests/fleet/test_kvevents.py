@@ -73,7 +73,9 @@ def test_vllms_batch_decodes_into_typed_events() -> None:
         seq=41,
         ts=1.5,
         events=(
-            BlockStored((7, 8), None, (1, 2, 3, 4), 2, plain=True),
+            BlockStored(
+                block_hashes=(7, 8), parent_block_hash=None, token_ids=(1, 2, 3, 4), block_size=2, plain=True
+            ),
             BlockRemoved((7,), plain=True),
             AllBlocksCleared(),
         ),
@@ -88,7 +90,9 @@ def test_sha256_hashes_arrive_as_bytes_and_a_batch_may_omit_its_rank() -> None:
     )
     assert batch is not None
     assert batch.data_parallel_rank is None
-    assert batch.events == (BlockStored((h2,), h1, (5, 6), 2, plain=True),)
+    assert batch.events == (
+        BlockStored(block_hashes=(h2,), parent_block_hash=h1, token_ids=(5, 6), block_size=2, plain=True),
+    )
 
 
 @pytest.mark.parametrize(

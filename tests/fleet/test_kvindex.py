@@ -20,7 +20,13 @@ def tokens(n: int, start: int = 0) -> list[int]:
 def store(
     hashes: list[BlockHash], parent: BlockHash | None, toks: list[int], plain: bool = True
 ) -> BlockStored:
-    return BlockStored(tuple(hashes), parent, tuple(toks), BS, plain)
+    return BlockStored(
+        block_hashes=tuple(hashes),
+        parent_block_hash=parent,
+        token_ids=tuple(toks),
+        block_size=BS,
+        plain=plain,
+    )
 
 
 def held(index: BlockIndex, prompt: list[int]) -> int:
@@ -92,7 +98,12 @@ def _chain(n: int, sha256: bool) -> list[BlockStored]:
     parent: BlockHash | None = None
     for i in range(n):
         h: BlockHash = rng.randbytes(32) if sha256 else rng.getrandbits(64)
-        events.append(BlockStored((h,), parent, tuple(tokens(16, start=16 * i)), 16, True))
+        toks = tuple(tokens(16, start=16 * i))
+        events.append(
+            BlockStored(
+                block_hashes=(h,), parent_block_hash=parent, token_ids=toks, block_size=16, plain=True
+            )
+        )
         parent = h
     return events
 

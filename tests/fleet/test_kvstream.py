@@ -21,7 +21,20 @@ BS = 4
 
 def stored(seq: int, hashes: list[int], parent: int | None, first_token: int) -> EventBatch:
     toks = tuple(range(first_token, first_token + BS * len(hashes)))
-    return EventBatch(seq, 0.0, (BlockStored(tuple(hashes), parent, toks, BS, True),), 0)
+    return EventBatch(
+        seq,
+        0.0,
+        (
+            BlockStored(
+                block_hashes=tuple(hashes),
+                parent_block_hash=parent,
+                token_ids=toks,
+                block_size=BS,
+                plain=True,
+            ),
+        ),
+        0,
+    )
 
 
 def held(stream: Stream, n_tokens: int) -> int:
