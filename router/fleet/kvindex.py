@@ -7,11 +7,12 @@ Keying. The index does not reproduce vLLM's block hash: that depends on the engi
 `--prefix-caching-hash-algo`, on a seed that is random per process for the non-cryptographic
 algorithms, on the pickled/CBOR form of Python tuples, and on `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`
 truncating it to 64 bits. Each `BlockStored` carries its blocks' token ids, so the router keys every
-block with its own chain hash — a keyed BLAKE2b of the parent's key and the block's tokens — and
+block with its own chain hash — BLAKE2b of the parent's key and the block's tokens — and
 keeps vLLM's hash only to map `BlockRemoved` (which names vLLM's hashes) back to its own key. A
-prompt is keyed once per request (`chain_keys`) and then looked up on every backend. The key's
-secret is random per process: a client cannot craft token sequences that collide in the index,
-and router replicas need not agree since each keeps its own index.
+prompt is keyed once per request (`chain_keys`) and then looked up on every backend. The chain's
+root is a secret random per process (the first block's parent), so a client cannot craft token
+sequences that collide in the index; router replicas need not agree since each keeps its own
+index. (A keyed BLAKE2b costs twice as much per block: its key is set up on every call.)
 
 Only `plain` blocks are indexed (no LoRA, multimodal or salted extra keys, GPU tier, first cache
 group): those are what a text prompt's token ids alone address. A block whose parent the index
@@ -39,8 +40,7 @@ KEY_BYTES: Final = 16
 BYTES_PER_BLOCK: Final = 240
 DEFAULT_MAX_BLOCKS: Final = 1 << 20  # ≈ 240 MiB per backend at worst; a vLLM GPU cache holds far fewer
 
-_SECRET: Final = os.urandom(16)
-_ROOT: Final = b""
+_ROOT: Final = os.urandom(16)
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
@@ -57,7 +57,7 @@ def chain_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
 
 
 def _key(parent: bytes, block: bytes) -> bytes:
-    return hashlib.blake2b(parent + block, digest_size=KEY_BYTES, key=_SECRET).digest()
+    return hashlib.blake2b(parent + block, digest_size=KEY_BYTES).digest()
 
 
 class BlockIndex:
