@@ -16,6 +16,7 @@ from typing import Final
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from router.fleet.kvevents import (
     EventBatch,
@@ -37,15 +38,22 @@ RCVHWM: Final = 100_000
 @dataclass(slots=True)
 class Stream:
     """One backend's stream as the router has followed it. `heard`: the monotonic time of the last
-    batch applied (None: never); `resets`: how often the index was cleared for lost or restarted
-    history; `malformed`: messages refused."""
+    batch applied (None: never); `connected`: the SUB socket holds a connection to the publisher;
+    `resets`: how often the index was cleared for lost or restarted history; `malformed`: messages
+    refused."""
 
     index: BlockIndex = field(default_factory=BlockIndex)
     last_seq: int | None = None
     heard: float | None = None
+    connected: bool = False
     malformed: int = 0
     gaps: int = 0
     resets: int = 0
+
+    def view(self) -> BlockIndex | None:
+        """The index, while the publisher is connected; None when the stream is lost (the index
+        may miss the engine's evictions since), so placement falls back to approximation."""
+        return self.index if self.connected else None
 
     def live(self, batch: EventBatch, now: float) -> int | None:
         """A batch from the publisher. Returns the sequence number to replay from when batches
@@ -85,25 +93,51 @@ async def follow(
 ) -> None:
     """Apply the publisher at `endpoint` to `stream` until cancelled."""
     sub = ctx.socket(zmq.SUB)
+    monitor: zmq.asyncio.Socket | None = None
     try:
         sub.setsockopt(zmq.RCVHWM, RCVHWM)
         sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while True:
-            frames = await sub.recv_multipart()
-            batch = decode_message(frames)
-            if batch is None:
-                stream.malformed += 1
-                continue
-            start = stream.live(batch, time.monotonic())
-            if start is not None:
-                if replay_endpoint is not None:
-                    await _replay(ctx, replay_endpoint, start, batch.seq, stream)
-                stream.resume(batch, time.monotonic())
+            ready = dict(await poller.poll())
+            if monitor in ready:
+                _connection(await monitor.recv_multipart(), stream)
+            if sub in ready:
+                await _receive(ctx, await sub.recv_multipart(), replay_endpoint, stream)
     finally:
+        stream.connected = False
+        if monitor is not None:
+            sub.disable_monitor()
+            monitor.close(linger=0)
         sub.close(linger=0)
+
+
+def _connection(frames: list[bytes], stream: Stream) -> None:
+    event = parse_monitor_message(frames)["event"]
+    if event == zmq.EVENT_CONNECTED:
+        stream.connected = True
+    elif event == zmq.EVENT_DISCONNECTED:
+        stream.connected = False
+
+
+async def _receive(
+    ctx: zmq.asyncio.Context, frames: list[bytes], replay_endpoint: str | None, stream: Stream
+) -> None:
+    batch = decode_message(frames)
+    if batch is None:
+        stream.malformed += 1
+        return
+    start = stream.live(batch, time.monotonic())
+    if start is not None:
+        if replay_endpoint is not None:
+            await _replay(ctx, replay_endpoint, start, batch.seq, stream)
+        stream.resume(batch, time.monotonic())
 
 
 async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, until: int, stream: Stream) -> None:

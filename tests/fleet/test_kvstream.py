@@ -159,3 +159,38 @@ async def test_the_subscriber_replays_a_batch_the_publisher_dropped() -> None:
         pub.close(linger=0)
         replay.close(linger=0)
         ctx.term()
+
+
+async def test_a_lost_publisher_hides_the_index_until_it_is_back() -> None:
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.XPUB)
+    task: asyncio.Task[None] | None = None
+    stream = Stream()
+    try:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        assert stream.view() is None
+        task = start(ctx, f"tcp://127.0.0.1:{port}", None, stream)
+        assert await asyncio.wait_for(pub.recv(), 20) == b"\x01"
+        await wait_for(lambda: stream.view() is stream.index, "connection seen")
+        first = stored(0, [1], None, 0)
+        await pub.send_multipart([b"", (0).to_bytes(8, "big"), payload(first)])
+        await wait_for(lambda: stream.last_seq == 0, "first batch applied")
+
+        pub.close(linger=0)  # the engine goes away
+        await wait_for(lambda: stream.view() is None, "disconnection seen")
+
+        pub = ctx.socket(zmq.XPUB)  # and comes back, restarted, on the same port
+        pub.bind(f"tcp://127.0.0.1:{port}")
+        assert await asyncio.wait_for(pub.recv(), 30) == b"\x01"
+        await wait_for(lambda: stream.view() is stream.index, "reconnection seen")
+        restarted = stored(0, [9], None, 100)
+        await pub.send_multipart([b"", (0).to_bytes(8, "big"), payload(restarted)])
+        await wait_for(lambda: stream.resets == 1, "restart cleared the index")
+        assert held(stream, 4) == 0
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        pub.close(linger=0)
+        ctx.term()
+    assert not stream.connected
