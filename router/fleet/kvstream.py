@@ -57,9 +57,12 @@ class Stream:
 
     def live(self, batch: EventBatch, now: float) -> int | None:
         """A batch from the publisher. Returns the sequence number to replay from when batches
-        were lost before it; the caller replays them (`replayed`) and then calls `resume(batch)`.
-        Otherwise the batch is applied."""
+        were lost before it, or when the router joins a publisher that has published before (the
+        engine's history rebuilds the index); the caller replays them (`replayed`) and then calls
+        `resume(batch)`. Otherwise the batch is applied."""
         step = sequence_step(self.last_seq, batch.seq)
+        if step.step is Step.FIRST and batch.seq > 0:
+            return 0
         if step.step is Step.GAP:
             self.gaps += 1
             return step.missing_from
@@ -71,13 +74,15 @@ class Stream:
         return None
 
     def replayed(self, batch: EventBatch, now: float) -> None:
-        if sequence_step(self.last_seq, batch.seq).step is Step.NEXT:
+        if sequence_step(self.last_seq, batch.seq).step in (Step.FIRST, Step.NEXT):
             self._apply(batch, now)
 
     def resume(self, batch: EventBatch, now: float) -> None:
         """Apply the live batch that revealed a gap, after the replay; if the replay did not fill
-        the gap, what the index holds can no longer be trusted, so it starts again empty."""
-        if self.last_seq is None or self.last_seq + 1 != batch.seq:
+        the gap, what the index holds can no longer be trusted, so it starts again empty. (A
+        replay of the history before the first batch may come back short when the engine's
+        buffer has moved on: blocks whose parents are missing are then skipped.)"""
+        if self.last_seq is not None and self.last_seq + 1 != batch.seq:
             self.index.clear()
             self.resets += 1
         self._apply(batch, now)

@@ -43,9 +43,9 @@ def held(stream: Stream, n_tokens: int) -> int:
 
 def test_batches_in_order_are_applied() -> None:
     stream = Stream()
-    assert stream.live(stored(5, [1], None, 0), 1.0) is None
-    assert stream.live(stored(6, [2], 1, 4), 2.0) is None
-    assert (stream.last_seq, stream.heard) == (6, 2.0)
+    assert stream.live(stored(0, [1], None, 0), 1.0) is None
+    assert stream.live(stored(1, [2], 1, 4), 2.0) is None
+    assert (stream.last_seq, stream.heard) == (1, 2.0)
     assert held(stream, 8) == 8
 
 
@@ -60,6 +60,26 @@ def test_a_gap_is_replayed_before_the_batch_that_revealed_it() -> None:
     stream.resume(later, 2.0)
     assert held(stream, 12) == 12
     assert (stream.gaps, stream.resets) == (1, 0)
+
+
+def test_joining_a_publisher_midway_replays_its_history_first() -> None:
+    stream = Stream()
+    joined = stored(7, [3], 2, 8)
+    assert stream.live(joined, 1.0) == 0
+    stream.replayed(stored(5, [1], None, 0), 1.0)  # the engine's buffer has moved past 0…4
+    stream.replayed(stored(6, [2], 1, 4), 1.0)
+    stream.resume(joined, 1.0)
+    assert held(stream, 12) == 12
+    assert (stream.gaps, stream.resets) == (0, 0)
+
+
+def test_joining_without_a_replay_keeps_what_the_batch_says() -> None:
+    stream = Stream()
+    joined = stored(7, [1], None, 0)
+    assert stream.live(joined, 1.0) == 0
+    stream.resume(joined, 1.0)
+    assert held(stream, 4) == 4
+    assert stream.resets == 0
 
 
 def test_a_gap_the_replay_cannot_fill_starts_the_index_again() -> None:
