@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from router.fleet.kvevents import END_SEQ, BlockStored, EventBatch
 from router.fleet.kvindex import chain_keys
-from router.fleet.kvstream import Stream, start
+from router.fleet.kvstream import Stream, cached_tokens, start
 
 BS = 4
 
@@ -100,6 +100,14 @@ def test_a_restarted_engines_stream_clears_the_index() -> None:
     assert stream.live(stored(0, [8], None, 50), 2.0) is None
     assert held(stream, 8) == 0
     assert stream.resets == 1
+
+
+def test_each_backends_cached_tokens_none_where_its_stream_is_lost() -> None:
+    holding, empty, lost = Stream(connected=True), Stream(connected=True), Stream(connected=False)
+    holding.live(stored(0, [1, 2], None, 0), 1.0)
+    lost.live(stored(0, [1, 2], None, 0), 1.0)
+    prompt = list(range(10))
+    assert cached_tokens({"a": holding, "b": empty, "c": lost}, prompt) == {"a": 8, "b": 0, "c": None}
 
 
 def payload(batch: EventBatch) -> bytes:
