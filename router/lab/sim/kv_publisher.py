@@ -54,6 +54,29 @@ class KVEventsConfig(BaseModel):
     def publishes(self) -> bool:
         return self.enable_kv_cache_events and self.publisher == "zmq"
 
+    def for_server(self, index: int) -> KVEventsConfig:
+        """The endpoints of the `index`-th server of several started together: TCP ports moved
+        up by `index`, as vLLM moves them for each data-parallel rank (port 0 stays 0)."""
+        return self.model_copy(
+            update={
+                "endpoint": offset_port(self.endpoint, index),
+                "replay_endpoint": None
+                if self.replay_endpoint is None
+                else offset_port(self.replay_endpoint, index),
+            }
+        )
+
+
+def offset_port(endpoint: str, index: int) -> str:
+    if index == 0:
+        return endpoint
+    if not endpoint.startswith("tcp://"):
+        return f"{endpoint}_{index}"  # ipc or inproc: a path of its own
+    base, _, port = endpoint.rpartition(":")
+    if port.isdigit() and int(port):
+        return f"{base}:{int(port) + index}"
+    return endpoint  # a port the system chooses
+
 
 def binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -66,6 +89,7 @@ class ZmqKVEventPublisher:
         self, config: KVEventsConfig, *, context: zmq.Context[zmq.Socket[bytes]] | None = None
     ) -> None:
         self._ctx = context or zmq.Context.instance()
+        self._config = config
         self._topic = config.topic.encode()
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
@@ -79,12 +103,19 @@ class ZmqKVEventPublisher:
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.bind(config.replay_endpoint)
-                self.replay_endpoint = self._last_endpoint(self._replay)
+                self.replay_endpoint = self._resolved(self._replay, config.replay_endpoint)
         except BaseException:
             self._close_sockets()
             raise
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
+
+    @property
+    def config(self) -> KVEventsConfig:
+        """The configuration with the endpoints as bound, what `GET /kv_event_sources` lists."""
+        return self._config.model_copy(
+            update={"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint}
+        )
 
     def publish(self, payload: bytes) -> None:
         """Queue one encoded batch; it gets the next sequence number when sent."""
@@ -101,12 +132,14 @@ class ZmqKVEventPublisher:
             sock.connect(endpoint)
             return endpoint
         sock.bind(endpoint)
-        return self._last_endpoint(sock)
+        return self._resolved(sock, endpoint)
 
     @staticmethod
-    def _last_endpoint(sock: zmq.Socket[bytes]) -> str:
-        # The bound address, with the port the system chose for ":0" or ":*".
-        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    def _resolved(sock: zmq.Socket[bytes], endpoint: str) -> str:
+        # An endpoint is reported as given, but a port the system chose must be reported.
+        if endpoint.endswith((":0", ":*")):
+            return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return endpoint
 
     def _close_sockets(self) -> None:
         self._pub.close(linger=0)

@@ -5,17 +5,25 @@ hand with msgpack following vLLM's KVEventBatch schema."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import msgpack
 import pytest
 import zmq
 from pydantic import ValidationError
 
+from router.cli import parse_args
+from router.lab.sim.cli import build_specs
 from router.lab.sim.kv import KVCacheManager
-from router.lab.sim.kv_events import KVEventLog, encode_batch
+from router.lab.sim.kv_events import KVEventLog, block_digest, encode_batch, external_hash
 from router.lab.sim.kv_publisher import KVEventsConfig, ZmqKVEventPublisher
+from router.lab.sim.serve import SimCluster
+from router.lab.sim.token_ids import chat_token_ids
+from tests.support.servers import free_port
 
 WAIT_MS = 10_000
 END = (-1).to_bytes(8, "big", signed=True)
@@ -53,6 +61,10 @@ def test_config_takes_vllms_json() -> None:
     assert not KVEventsConfig.from_json("{}").publishes
     with pytest.raises(ValidationError):
         KVEventsConfig.from_json('{"enable_kv_cache_events": true, "endpiont": "tcp://*:1"}')
+    # Several servers started together take consecutive ports, as vLLM's data-parallel ranks do.
+    second = config.for_server(1)
+    assert (second.endpoint, second.replay_endpoint) == ("tcp://*:5558", "tcp://*:5559")
+    assert KVEventsConfig(endpoint="tcp://127.0.0.1:0").for_server(2).endpoint == "tcp://127.0.0.1:0"
 
 
 def test_a_subscriber_receives_batches_in_order_with_consecutive_sequence_numbers(
@@ -129,3 +141,68 @@ def test_the_replay_endpoint_resends_kept_batches_from_a_sequence_number(
     finally:
         dealer.close(linger=0)
         publisher.close()
+
+
+async def test_a_simulated_server_lists_its_publisher_and_replays_what_a_request_cached() -> None:
+    args = parse_args(
+        [
+            "sim",
+            "--port",
+            str(free_port()),
+            "--preset",
+            "cpu-tiny",
+            "--served-model-name",
+            "tiny",
+            "--block-size",
+            "16",
+            "--kv-events-config",
+            '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:*",'
+            ' "replay_endpoint": "tcp://127.0.0.1:*", "topic": "kv"}',
+        ]
+    )
+    messages = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 12}]
+    async with SimCluster(build_specs(args)) as cluster, httpx.AsyncClient(base_url=cluster.urls[0]) as http:
+        sources = (await http.get("/kv_event_sources")).json()
+        assert list(sources) == ["0"]
+        source = sources["0"]
+        assert source["enable_kv_cache_events"] and source["topic"] == "kv"
+        assert source["endpoint"].startswith("tcp://127.0.0.1:") and not source["endpoint"].endswith("*")
+        reply = await http.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2}
+        )
+        assert reply.status_code == 200
+
+        # The request has finished, so every batch of its steps was handed to the publisher.
+        batches = await asyncio.to_thread(replay_all, source["replay_endpoint"])
+
+    assert [seq for seq, _ in batches] == list(range(len(batches)))
+    stored = {
+        h
+        for _, (_ts, events, _rank) in batches
+        for e in events
+        if e["type"] == "BlockStored"
+        for h in e["block_hashes"]
+    }
+    block_size = build_specs(args)[0].config.block_size
+    prompt = chat_token_ids(messages)
+    assert len(prompt) >= 3 * block_size
+    expected: list[int] = []
+    parent: bytes | None = None
+    for i in range(0, len(prompt) - block_size + 1, block_size):
+        parent = block_digest(parent, prompt[i : i + block_size])
+        expected.append(external_hash(parent))
+    assert set(expected) <= stored
+
+
+def replay_all(endpoint: str) -> list[tuple[int, list[Any]]]:
+    """Every batch the replay endpoint keeps, from sequence 0."""
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.connect(endpoint)
+        dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+        got = []
+        while True:
+            _, topic, seq, body = recv(dealer)
+            if seq == END:
+                return got
+            assert topic == b"kv"
+            got.append((int.from_bytes(seq, "big"), msgpack.unpackb(body)))
