@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -78,6 +79,12 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
     p.add_argument("--kv-layout", choices=LAYOUTS, help="KV block allocation layout")
     p.add_argument("--vllm-version", dest="version", help="version reported on /version")
+    p.add_argument(
+        "--kv-events-config",
+        help="publish KV cache events as vLLM does, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558"}\'; several servers take consecutive ports',
+    )
     p.set_defaults(func=cmd_serve)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     cal = sub.add_parser(
@@ -177,6 +184,19 @@ def _env_flag(name: str) -> bool:
 
 
 def build_specs(args: argparse.Namespace) -> list[Any]:
+    specs = _engine_specs(args)
+    if getattr(args, "kv_events_config", None) is None:
+        return specs
+    from router.lab.sim.kv_publisher import KVEventsConfig
+
+    try:
+        kv_events = KVEventsConfig.from_json(args.kv_events_config)
+    except ValueError as err:  # a JSON or a validation error
+        raise ValueError(f"--kv-events-config: {err}") from err
+    return [dataclasses.replace(s, kv_events=kv_events.for_server(i)) for i, s in enumerate(specs)]
+
+
+def _engine_specs(args: argparse.Namespace) -> list[Any]:
     from router.lab.sim.profile import engine_config
     from router.lab.sim.serve import EngineSpec
     from router.lab.sim.server import ServerSettings

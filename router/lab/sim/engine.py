@@ -14,6 +14,7 @@ from router.errors import Unavailable
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.engine_metrics import EngineMetrics
 from router.lab.sim.kv import KVCacheManager
+from router.lab.sim.kv_events import KVEventLog
 from router.lab.sim.request import EngineRequest, Status
 from router.lab.sim.scheduler import Scheduler
 from router.lab.sim.timing import StepTimeModel
@@ -39,14 +40,17 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, timing: StepTimeModel) -> None:
+    def __init__(self, config: EngineConfig, timing: StepTimeModel, *, kv_events: bool = False) -> None:
         self.config = config
         self.timing = timing
+        # What the block manager cached and evicted since the server last published it.
+        self.kv_events: KVEventLog | None = KVEventLog() if kv_events else None
         self.kv = KVCacheManager(
             config.num_gpu_blocks,
             config.block_size,
             layout=config.kv_layout,
             enable_prefix_caching=config.enable_prefix_caching,
+            events=self.kv_events,
         )
         self.scheduler = Scheduler(config, self.kv)
         self.metrics = EngineMetrics()

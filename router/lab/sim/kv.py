@@ -8,6 +8,10 @@ its content, in an LRU set of evictable cached blocks when it is full and hashed
 (its hash forgotten) only when a fresh block is needed and no never-cached block is free.
 Writing into a partial block that a forked sibling also references copies it first.
 
+Given a `KVEventLog`, the manager reports what vLLM's KV cache manager publishes: a block stored
+when it enters the prefix-cache index, removed when evicted from it, everything cleared on a
+prefix-cache reset; each full block then also carries vLLM's hash of its content.
+
 Layouts decide *which* free block a sequence gets, which shows in its compact spans (runs of
 consecutive physical blocks):
 
@@ -24,6 +28,8 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from router.lab.sim.kv_events import KVEventLog, block_digest
 
 Layout = Literal["paged", "virtual-contiguous", "hybrid-prefix-shared"]
 LAYOUTS: tuple[Layout, ...] = ("paged", "virtual-contiguous", "hybrid-prefix-shared")
@@ -98,6 +104,7 @@ class KVCacheManager:
         *,
         layout: Layout = "paged",
         enable_prefix_caching: bool = True,
+        events: KVEventLog | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be ≥ 1")
@@ -119,6 +126,9 @@ class KVCacheManager:
         self._cursor = 0
         self.evictions = 0
         self.cow_copies = 0
+        self._events = events
+        # vLLM's digest of each sealed full block, kept only while events are reported.
+        self._digest: list[bytes] = [b""] * num_blocks if events is not None else []
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -289,6 +299,20 @@ class KVCacheManager:
             count += 1
         return count
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block at once, as vLLM's reset does: only when no sequence holds
+        a block (False and no change otherwise); one AllBlocksCleared, no per-block removals."""
+        if self._seqs:
+            return False
+        for b in self._lru:
+            self._hash[b] = None
+            self._clear(b)
+        self._lru.clear()
+        self._index.clear()
+        if self._events is not None:
+            self._events.cleared()
+        return True
+
     # ---- internals -----------------------------------------------------------------------
     def _hash_of(self, block: int) -> int:
         h = self._hash[block]
@@ -330,9 +354,22 @@ class KVCacheManager:
         h = block_hash(parent, self._content[block])
         seq.hashes.append(h)
         # A block computed twice at once (both missed the cache) stays unindexed: first wins.
-        if self.enable_prefix_caching and h not in self._index:
+        indexed = self.enable_prefix_caching and h not in self._index
+        if indexed:
             self._index[h] = block
             self._hash[block] = h
+        if self._events is not None:
+            self._report_sealed(seq, block, indexed)
+
+    def _report_sealed(self, seq: _Seq, block: int, indexed: bool) -> None:
+        # The sealed block is the sequence's last; its parent, still held, has its digest.
+        position = len(seq.hashes) - 1
+        parent = self._digest[seq.blocks[position - 1]] if position else None
+        content = self._content[block]
+        digest = block_digest(parent, content)
+        self._digest[block] = digest
+        if indexed and self._events is not None:
+            self._events.stored(digest, parent, content, self.block_size)
 
     def _copy_on_write(self, seq: _Seq) -> int:
         old = seq.blocks[-1]
@@ -389,6 +426,8 @@ class KVCacheManager:
         h = self._hash[b]
         if h is not None:
             del self._index[h]
+            if self._events is not None:
+                self._events.removed(self._digest[b])
         self._hash[b] = None
         self.evictions += 1
         return b

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 
 from router.lab.sim.engine import Engine, StepResult
 from router.lab.sim.frontend import Frontend
+from router.lab.sim.kv_events import encode_batch
+from router.lab.sim.kv_publisher import ZmqKVEventPublisher
 from router.lab.sim.request import EngineRequest
 
 _MAX_LAG = 0.02
@@ -61,8 +64,9 @@ class TokenStream:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, kv_publisher: ZmqKVEventPublisher | None = None) -> None:
         self.engine = engine
+        self.kv_publisher = kv_publisher
         self.frontend = Frontend(engine.timing)
         self.streams: dict[str, TokenStream] = {}
         self._wake = asyncio.Event()
@@ -126,6 +130,7 @@ class EngineRunner:
                 idle = await self._idle()
                 continue
             idle = False
+            self._publish_kv_events()
             self._timeline = result.end
             delay = result.end - loop.time()
             if delay > 0:
@@ -136,6 +141,15 @@ class EngineRunner:
                 loop.call_at(handed, self._hand_over)
             else:
                 self._deliver(result)
+
+    def _publish_kv_events(self) -> None:
+        # One batch per step that changed the cache, stamped with wall time, as vLLM's scheduler.
+        log, publisher = self.engine.kv_events, self.kv_publisher
+        if log is None or publisher is None:
+            return
+        events = log.take()
+        if events:
+            publisher.publish(encode_batch(time.time(), events))
 
     async def _idle(self) -> bool:
         self._wake.clear()

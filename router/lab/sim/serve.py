@@ -20,6 +20,7 @@ import uvicorn
 from router.app.asgi import Message, Receive, Scope, Send
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.engine import Engine
+from router.lab.sim.kv_publisher import KVEventsConfig, ZmqKVEventPublisher
 from router.lab.sim.runner import EngineRunner
 from router.lab.sim.server import ServerSettings, SimApp
 from router.lab.sim.timing import StepTimeModel
@@ -34,6 +35,7 @@ class EngineSpec:
     timing: StepTimeModel
     settings: ServerSettings = field(default_factory=ServerSettings)
     host: str = "127.0.0.1"
+    kv_events: KVEventsConfig | None = None  # `--kv-events-config`, this server's endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,17 @@ class SimCluster:
             raise
 
     async def _start_one(self, spec: EngineSpec) -> None:
-        runner = EngineRunner(Engine(spec.config, spec.timing))
+        publishes = spec.kv_events is not None and spec.kv_events.publishes
+        publisher = ZmqKVEventPublisher(spec.kv_events) if spec.kv_events is not None and publishes else None
+        runner = EngineRunner(Engine(spec.config, spec.timing, kv_events=publishes), publisher)
+        try:
+            await self._serve_one(spec, runner)
+        except BaseException:
+            if publisher is not None:
+                publisher.close()
+            raise
+
+    async def _serve_one(self, spec: EngineSpec, runner: EngineRunner) -> None:
         app = SimApp(runner, spec.settings)
         log = DeliveryLog(app) if self._note else None
         config = uvicorn.Config(
@@ -166,7 +178,12 @@ class SimCluster:
         running, self._running = self._running, []
         for r in running:
             await r.runner.stop()  # ends every stream, so connections can close
-        await asyncio.gather(*(_shutdown(r) for r in running))
+        try:
+            await asyncio.gather(*(_shutdown(r) for r in running))
+        finally:
+            for r in running:
+                if r.runner.kv_publisher is not None:
+                    r.runner.kv_publisher.close()
 
     async def __aenter__(self) -> SimCluster:
         await self.start()

@@ -98,6 +98,7 @@ class SimApp:
             "/version": (("GET",), self._version),
             "/load": (("GET",), self._load),
             "/metrics": (("GET",), self._metrics),
+            "/kv_event_sources": (("GET",), self._kv_event_sources),
             "/openapi.json": (("GET",), self._openapi),
             "/tokenize": (("POST",), self._tokenize),
             "/detokenize": (("POST",), self._detokenize),
@@ -157,6 +158,12 @@ class SimApp:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         text = self.runner.engine.render_metrics(self.settings.served_model_names[0])
         await _respond(send, 200, text.encode(), _METRICS)
+
+    async def _kv_event_sources(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # vLLM lists its publisher per data-parallel rank; the simulator is rank 0.
+        publisher = self.runner.kv_publisher
+        sources = {} if publisher is None else {"0": publisher.config.model_dump(mode="json")}
+        await _respond(send, 200, orjson.dumps(sources))
 
     async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:
         paths: dict[str, dict[str, dict[str, str]]] = {

@@ -16,6 +16,7 @@ from hypothesis.stateful import (
 )
 
 from router.lab.sim.kv import LAYOUTS, KVCacheManager, Layout, chain_hashes, expand_spans, spans_of
+from router.lab.sim.kv_events import AllBlocksCleared, BlockRemoved, KVEventLog, block_digest, external_hash
 
 from .kv_invariants import check_invariants
 
@@ -34,11 +35,16 @@ token_lists = st.builds(
 
 class KVMachine(RuleBasedStateMachine):
     layout: Layout = "paged"
+    with_events = False
     seqs = Bundle("seqs")
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(NUM_BLOCKS, BS, layout=self.layout)
+        self.log = KVEventLog() if self.with_events else None
+        self.kv = KVCacheManager(NUM_BLOCKS, BS, layout=self.layout, events=self.log)
+        # What a subscriber of the events holds, and vLLM's hash of each chain hash seen.
+        self.subscriber: set[int] = set()
+        self.vllm_hash: dict[int, int] = {}
         self.model: dict[int, list[int]] = {}
         self.next_id = 0
         self.seen_chains: list[list[int]] = []
@@ -62,6 +68,10 @@ class KVMachine(RuleBasedStateMachine):
         chain = chain_hashes(tokens, BS)
         if chain:
             self.seen_chains.append(chain)
+        parent: bytes | None = None
+        for i, h in enumerate(chain):
+            parent = block_digest(parent, tokens[i * BS : (i + 1) * BS])
+            self.vllm_hash[h] = external_hash(parent)
 
     @rule(target=seqs, tokens=token_lists, hint=st.integers(0, 40))
     def allocate(self, tokens: list[int], hint: int) -> int:
@@ -131,6 +141,29 @@ class KVMachine(RuleBasedStateMachine):
             assert n == len(chain) or chain[n] not in index
 
 
+class EventsMachine(KVMachine):
+    """With events on, a subscriber folding them holds exactly the blocks the cache indexes."""
+
+    with_events = True
+
+    @rule()
+    def reset(self) -> None:
+        assert self.kv.reset_prefix_cache() == (not self.kv.sequences())
+
+    @invariant()
+    def the_subscriber_holds_what_is_cached(self) -> None:
+        assert self.log is not None
+        for event in self.log.take():
+            if isinstance(event, AllBlocksCleared):
+                self.subscriber.clear()
+            elif isinstance(event, BlockRemoved):
+                self.subscriber.remove(external_hash(event.digest))
+            else:
+                assert event.parent is None or external_hash(event.parent) in self.vllm_hash.values()
+                self.subscriber.update(external_hash(d) for d in event.digests)
+        assert self.subscriber == {self.vllm_hash[h] for h, _ in self.kv.index_items()}
+
+
 class PagedMachine(KVMachine):
     layout = "paged"
 
@@ -150,6 +183,8 @@ TestVirtualContiguousKV = VirtualContiguousMachine.TestCase
 TestVirtualContiguousKV.settings = _settings
 TestHybridPrefixSharedKV = HybridPrefixSharedMachine.TestCase
 TestHybridPrefixSharedKV.settings = _settings
+TestKVEvents = EventsMachine.TestCase
+TestKVEvents.settings = _settings
 
 
 @given(st.lists(st.integers(0, 50), max_size=30))
