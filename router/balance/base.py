@@ -9,7 +9,7 @@ Compiled with the request path, as the strategies are: every admitted request ca
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
@@ -43,6 +43,10 @@ class AffinityKey:
     key: bytes
     chain: tuple[bytes, ...] = ()
     min_depth: int = 1
+    # The prompt's token ids as the engine sees them (model's tokenizer and chat template), for
+    # strategies that match them against what each engine holds (`precise_prefix`); () when the
+    # router cannot know them.
+    token_ids: Sequence[int] = ()
 
 
 Affinity = AffinityKey | bytes | None
@@ -68,14 +72,25 @@ class AffinityRequest:
     user: str | None
     session: bytes | None
     default_min_tokens: int
+    token_ids: Sequence[int] = ()
+
+
+# Each named backend's cached leading tokens of a prompt (its token ids), as its engine's KV events
+# report them; None for a backend whose event stream the router does not follow (silent or lost).
+CachedTokens = Callable[[Sequence[str], Sequence[int]], Mapping[str, int | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class BalanceHooks:
-    """What a balancer may report back: `on_affinity_hit` when a request went to its preferred
-    backend (the `lane_router_prefix_affinity_hits_total` counter of the lane's pool)."""
+    """What a balancer may report back, and what it may ask of the pool: `on_affinity_hit` when a
+    request went to its preferred backend (the `lane_router_prefix_affinity_hits_total` counter of
+    the lane's pool); `cached_tokens`, the pool's view of its engines' prefix caches (None: the
+    pool follows no KV events); `on_estimated(n)`, n backends of a placement judged by
+    approximation because their event stream was silent or lost."""
 
     on_affinity_hit: Callable[[], None] | None = None
+    cached_tokens: CachedTokens | None = None
+    on_estimated: Callable[[int], None] | None = None
 
 
 S = TypeVar("S", bound=StrategySettings)
@@ -89,12 +104,15 @@ class Strategy(Generic[S]):
     """A strategy as the registry knows it: its settings model, how one lane's balancer is
     built, and what the strategy needs from the rest of the router. `scrapes_load`: its picks
     read the backends' own vLLM load (router/fleet/scrape.py polls the pools of such lanes).
-    `affinity`: the key it routes each request on (None: it routes on none)."""
+    `affinity`: the key it routes each request on (None: it routes on none). `token_ids`: it
+    places on the prompt's token ids, which the router then works out for its lanes' requests
+    (the model's tokenizer and chat template) and passes in `AffinityRequest.token_ids`."""
 
     settings: type[S]
     build: Callable[[S, BalanceHooks], Balancer]
     scrapes_load: bool = False
     affinity: Callable[[S, AffinityRequest], Affinity] | None = None
+    token_ids: bool = False
 
     @property
     def name(self) -> str:

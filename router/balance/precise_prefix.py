@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Final
 
-from router.balance.base import C
-from router.balance.prefix_affinity import rendezvous_score
+from router.balance.base import Affinity, AffinityKey, AffinityRequest, BalanceHooks, Balancer, C, Strategy
+from router.balance.prefix_affinity import PrefixAffinity, prefix_depth, rendezvous_score
+from router.balance.settings import PrecisePrefixSettings
+from router.request.facts import PREFIX_BLOCK_CHARS
+from router.request.tokens import CHARS_PER_TOKEN
 
 
 def place(
@@ -43,3 +47,49 @@ def place(
 
     best = max(room, key=lambda c: (estimate(c) - penalty * c.in_flight, rendezvous_score(key, c.name)))
     return best, sum(1 for c in candidates if cached.get(c.name) is None)
+
+
+class PrecisePrefix(Balancer):
+    """`precise_prefix`: `place` over the pool's view of its engines' caches (`hooks.cached_tokens`).
+    A request without token ids (none could be worked out) or a pool that follows no KV events is
+    placed as `prefix_affinity` places it, by its key alone. No key → least outstanding."""
+
+    name = "precise_prefix"
+
+    def __init__(self, settings: PrecisePrefixSettings, hooks: BalanceHooks) -> None:
+        self._slack = settings.slack
+        self._penalty = settings.penalty
+        self._hooks = hooks
+        self._approximate = PrefixAffinity(settings.slack, on_hit=hooks.on_affinity_hit)
+
+    def pick(self, candidates: Sequence[C], affinity: Affinity) -> C:
+        lookup = self._hooks.cached_tokens
+        if not isinstance(affinity, AffinityKey) or not affinity.token_ids or lookup is None:
+            return self._approximate.pick(candidates, affinity)
+        cached = lookup([c.name for c in candidates], affinity.token_ids)
+        credit = affinity.min_depth * PREFIX_BLOCK_CHARS // CHARS_PER_TOKEN
+        chosen, estimated = place(candidates, cached, affinity.key, credit, self._slack, self._penalty)
+        hooks = self._hooks
+        if estimated and hooks.on_estimated is not None:
+            hooks.on_estimated(estimated)
+        return chosen
+
+
+def affinity_key(settings: PrecisePrefixSettings, request: AffinityRequest) -> Affinity:
+    """`prefix_affinity`'s prefix key — the prompt's block at `min_tokens`, for backends judged by
+    approximation and for ties — with the prompt's token ids. Prompts shorter than `min_tokens`
+    get none (least outstanding)."""
+    depth = prefix_depth(settings.min_tokens or request.default_min_tokens)
+    chain = request.chain
+    if len(chain) < depth:
+        return None
+    return AffinityKey(chain[depth - 1], chain, depth, request.token_ids)
+
+
+def _build(settings: PrecisePrefixSettings, hooks: BalanceHooks) -> PrecisePrefix:
+    return PrecisePrefix(settings, hooks)
+
+
+STRATEGY: Final[Strategy[PrecisePrefixSettings]] = Strategy(
+    PrecisePrefixSettings, _build, affinity=affinity_key, token_ids=True
+)

@@ -116,6 +116,11 @@ def rendezvous_score(affinity: bytes, name: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+def prefix_depth(min_tokens: int) -> int:
+    """The prompt blocks (router.request.facts.prefix_chain) that stand for `min_tokens` tokens."""
+    return max(1, -(-min_tokens * CHARS_PER_TOKEN // PREFIX_BLOCK_CHARS))
+
+
 def affinity_key(settings: PrefixAffinitySettings, request: AffinityRequest) -> Affinity:
     """What a request routes on; the prompt's block chain covers the whole message list, and
     prompts shorter than `min_tokens` get no affinity.
@@ -124,8 +129,7 @@ def affinity_key(settings: PrefixAffinitySettings, request: AffinityRequest) -> 
     `session`: `X-Session-Id`, else the body's `user`, else the prompt itself (its last block) —
     a conversation's first request is placed by its own content, and each later one, which
     extends it, follows it through the balancer's memory of recent prompts."""
-    min_tokens = settings.min_tokens or request.default_min_tokens
-    depth = max(1, -(-min_tokens * CHARS_PER_TOKEN // PREFIX_BLOCK_CHARS))
+    depth = prefix_depth(settings.min_tokens or request.default_min_tokens)
     chain = request.chain
     if settings.affinity == "session":
         if request.session:

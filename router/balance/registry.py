@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from router.balance import least_load, least_outstanding, power_of_two, prefix_affinity, round_robin
+from router.balance import (
+    least_load,
+    least_outstanding,
+    power_of_two,
+    precise_prefix,
+    prefix_affinity,
+    round_robin,
+)
 from router.balance.base import Affinity, AffinityRequest, BalanceHooks, Balancer, Strategy
 from router.balance.settings import LeastOutstandingSettings, StrategySettings
 
@@ -28,6 +35,7 @@ REGISTERED: tuple[Strategy[Any], ...] = (
     power_of_two.STRATEGY,
     prefix_affinity.STRATEGY,
     least_load.STRATEGY,
+    precise_prefix.STRATEGY,
 )
 
 STRATEGIES: Mapping[str, Strategy[Any]] = MappingProxyType({s.name: s for s in REGISTERED})
@@ -62,6 +70,10 @@ def scrapes_load(settings: StrategySettings) -> bool:
 
 def routes_on_affinity(settings: StrategySettings) -> bool:
     return strategy(settings).affinity is not None
+
+
+def places_on_token_ids(settings: StrategySettings) -> bool:
+    return strategy(settings).token_ids
 
 
 def affinity_for(settings: StrategySettings, request: AffinityRequest) -> Affinity:

@@ -53,3 +53,16 @@ class PrefixAffinitySettings(StrategySettings):
     affinity: Literal["prefix", "session"] = "prefix"
     min_tokens: int | None = Field(None, ge=1)
     slack: float = Field(1.0, ge=0)
+
+
+class PrecisePrefixSettings(StrategySettings):
+    """`precise_prefix` places a request on the backend whose engine holds the most of its
+    prompt's leading tokens, as the engines' KV cache events report them (the pool's
+    `kv_events:`), less `penalty` tokens per request the backend has in flight, within the load
+    bound `slack` (as `prefix_affinity`). A backend whose event stream is silent or lost is judged
+    as `prefix_affinity` would judge it, keyed on the prompt's leading `min_tokens`."""
+
+    strategy: Literal["precise_prefix"] = "precise_prefix"
+    min_tokens: int | None = Field(None, ge=1)
+    slack: float = Field(1.0, ge=0)
+    penalty: float = Field(256.0, ge=0)
