@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -27,7 +26,7 @@ from router.fleet.kvevents import (
     replay_request,
     sequence_step,
 )
-from router.fleet.kvindex import BlockIndex, chain_keys
+from router.fleet.kvindex import BlockIndex
 
 REPLAY_TIMEOUT_S: Final = 2.0
 RECONNECT_IVL_MS: Final = 500
@@ -92,23 +91,6 @@ class Stream:
         self.index.apply(batch.events)
         self.last_seq = batch.seq
         self.heard = now
-
-
-def cached_tokens(streams: Mapping[str, Stream], token_ids: Sequence[int]) -> dict[str, int | None]:
-    """Each backend's cached leading tokens of a prompt, None where its stream is lost (what
-    router/balance/precise_prefix.py places on). The prompt is keyed once per block size."""
-    keys_by_size: dict[int, list[bytes]] = {}
-    held: dict[str, int | None] = {}
-    for name, stream in streams.items():
-        index = stream.view()
-        if index is None or index.block_size is None:
-            held[name] = None if index is None else 0
-            continue
-        keys = keys_by_size.get(index.block_size)
-        if keys is None:
-            keys = keys_by_size[index.block_size] = chain_keys(token_ids, index.block_size)
-        held[name] = index.cached_tokens(keys)
-    return held
 
 
 async def follow(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from router.config.models import PoolConfig
 from router.fleet.backend import Backend, ConnectionSettings, Health, backend_label, routable
+from router.fleet.kvcaches import KVCaches
 from router.fleet.membership import DiscoveryStatus
 from router.lanes.poolgate import PoolGate
 from router.tls.upstream import UpstreamTls
@@ -36,6 +37,8 @@ class Pool:
     next_round_at: float = -1.0
     round_s: float = 5.0
     rounds_to_rejoin: int = 1
+    # What its engines' KV events say they hold, for `precise_prefix` lanes (router/fleet/kvcaches.py).
+    kv: KVCaches = field(default_factory=KVCaches)
 
     def routable(self, exclude: frozenset[Backend] = frozenset()) -> list[Backend]:
         return routable(self.backends, exclude)

@@ -333,7 +333,9 @@ def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) 
 
 def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:
     hits = metrics.prefix_affinity_hits.labels(pool.name)
-    return make_balancer(lc.balance, BalanceHooks(on_affinity_hit=hits.inc))
+    return make_balancer(
+        lc.balance, BalanceHooks(on_affinity_hit=hits.inc, cached_tokens=pool.kv.cached_tokens)
+    )
 
 
 def _same_prefix_policy(previous: Runtime, cfg: ProfileConfig) -> bool:

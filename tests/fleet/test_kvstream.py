@@ -12,9 +12,10 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from router.fleet.kvcaches import KVCaches
 from router.fleet.kvevents import END_SEQ, BlockStored, EventBatch
 from router.fleet.kvindex import chain_keys
-from router.fleet.kvstream import Stream, cached_tokens, start
+from router.fleet.kvstream import Stream, start
 
 BS = 4
 
@@ -106,8 +107,10 @@ def test_each_backends_cached_tokens_none_where_its_stream_is_lost() -> None:
     holding, empty, lost = Stream(connected=True), Stream(connected=True), Stream(connected=False)
     holding.live(stored(0, [1, 2], None, 0), 1.0)
     lost.live(stored(0, [1, 2], None, 0), 1.0)
+    caches = KVCaches()
+    caches.streams.update({"a": holding, "b": empty, "c": lost})
     prompt = list(range(10))
-    assert cached_tokens({"a": holding, "b": empty, "c": lost}, prompt) == {"a": 8, "b": 0, "c": None}
+    assert caches.cached_tokens(["a", "b", "c", "d"], prompt) == {"a": 8, "b": 0, "c": None, "d": None}
 
 
 def payload(batch: EventBatch) -> bytes:
