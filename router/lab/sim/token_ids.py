@@ -62,7 +62,9 @@ FILLER_WORDS: tuple[str, ...] = (
 )
 
 
-_SALT_MASK = (1 << 30) - 1
+# Every id fits 32 bits, as a real vocabulary's do: vLLM's KV events carry them and the router's
+# index keys them as 4-byte unsigned ints (router/fleet/kvevents.py refuses larger ones).
+TOKEN_ID_MASK = (1 << 32) - 1
 
 _NATIVE_UINT32_LE = array("I").itemsize == 4 and sys.byteorder == "little"
 
@@ -71,7 +73,8 @@ def _chunk_id(chunk: str) -> int:
     raw = chunk.encode("utf-8", "surrogatepass")
     if len(raw) == CHARS_PER_TOKEN:
         return int.from_bytes(raw, "little")
-    return zlib.crc32(raw) | 1 << 32  # outside the 4-byte range: never equal to a plain chunk
+    # Within 32 bits, as every id: it may equal an ASCII chunk's id one time in 2^32.
+    return zlib.crc32(raw)
 
 
 def text_token_ids(text: str, *, salt: int = 0) -> list[int]:
@@ -92,8 +95,7 @@ def text_token_ids(text: str, *, salt: int = 0) -> list[int]:
         ids = [_chunk_id(text[i : i + step]) for i in range(0, body_chars, step)]
     ids.append(_chunk_id(text[body_chars:]))
     if salt:
-        # Above a chunk's 33 bits yet below 63: an id stays a JSON integer every reader takes.
-        ids[0] ^= (salt & _SALT_MASK) << 33
+        ids[0] ^= salt & TOKEN_ID_MASK
     return ids
 
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import msgpack
 
+from router.fleet.kvevents import decode_message
+from router.fleet.kvindex import BlockIndex, chain_keys
 from router.lab.sim.kv import KVCacheManager
 from router.lab.sim.kv_events import (
     AllBlocksCleared,
@@ -22,6 +24,7 @@ from router.lab.sim.kv_events import (
     encode_batch,
     external_hash,
 )
+from router.lab.sim.token_ids import chat_token_ids
 
 BS = 4
 
@@ -151,3 +154,18 @@ def test_stored_shared_evicted_and_cleared_blocks_are_reported() -> None:
     fold(index, cleared)
     assert index == set()
     assert kv.allocate("d", c) == 0  # nothing is cached any more
+
+
+def test_a_chat_prompts_blocks_reach_the_routers_index() -> None:
+    # The simulator's token ids of a chat prompt (role markers, non-ASCII text) are ids a real
+    # vocabulary could hold: the router's decoder takes the batch and its index finds the prompt.
+    messages = [{"role": "system", "content": "Rules: é " * 30}, {"role": "user", "content": "why? " * 40}]
+    prompt = chat_token_ids(messages)
+    kv = KVCacheManager(64, BS, events=(log := KVEventLog()))
+    assert kv.allocate("a", prompt) == 0
+    batch = decode_message((b"kv", (0).to_bytes(8, "big"), encode_batch(0.0, log.take())))
+    assert batch is not None
+    index = BlockIndex()
+    index.apply(batch.events)
+    full = len(prompt) // BS * BS
+    assert index.cached_tokens(chain_keys(prompt, BS)) == full
