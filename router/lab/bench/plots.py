@@ -3,7 +3,8 @@
 * TTFT CDF per class, one line per profile, at one offered load;
 * SLO attainment per class, one bar per profile, at one offered load, with the gate line;
 * goodput against offered load, one line per profile (pass points filled, fail points hollow);
-* per tenant of a shared lane, SLO attainment and TTFT p95, one bar per queueing mode.
+* per tenant of a shared lane, SLO attainment and TTFT p95, one bar per queueing mode;
+* per prefix scenario, hit rate, TTFT p95 and goodput, one bar per balance strategy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from router.lab.bench.compare import Comparison
 
 if TYPE_CHECKING:
+    from router.lab.bench.prefix import StrategyRun
     from router.lab.bench.tenants import ModeRun
     from router.lab.bench.workload import WorkloadSpec
 
@@ -167,6 +169,47 @@ def tenant_bars(workload: WorkloadSpec, rate: float, runs: Sequence[ModeRun], pa
     ttft.set_ylabel("TTFT p95 of answered requests (s)")
     met.legend(fontsize=8)
     fig.suptitle(f"{workload.name} at {rate:g} req/s: each tenant, per queueing mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def prefix_bars(runs: Sequence[StrategyRun], path: Path) -> Path:
+    """Per scenario, one bar per strategy: the engines' prefix-cache hit rate, TTFT p95, goodput."""
+    plt = _pyplot()
+    scenarios = list(dict.fromkeys(r.scenario for r in runs))
+    strategies = list(dict.fromkeys(r.strategy for r in runs))
+    width = 0.8 / max(1, len(strategies))
+    fig, (hits, ttft, good) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for j, strategy in enumerate(strategies):
+        xs, rows = [], []
+        for i, scenario in enumerate(scenarios):
+            row = next((r for r in runs if r.scenario == scenario and r.strategy == strategy), None)
+            if row is not None:
+                xs.append(i + (j - (len(strategies) - 1) / 2) * width)
+                rows.append(row)
+        hits.bar(
+            xs,
+            [0.0 if math.isnan(r.hit_rate) else r.hit_rate * 100 for r in rows],
+            width=width,
+            label=strategy,
+        )
+        ttft.bar(
+            xs, [0.0 if math.isnan(r.ttft_p95) else r.ttft_p95 for r in rows], width=width, label=strategy
+        )
+        good.bar(xs, [r.goodput for r in rows], width=width, label=strategy)
+    for ax in (hits, ttft, good):
+        ax.set_xticks(range(len(scenarios)))
+        ax.set_xticklabels(scenarios)
+        ax.grid(True, axis="y", alpha=0.3)
+    hits.set_ylim(0, 100)
+    hits.set_ylabel("engines' prefix-cache hit rate (%)")
+    ttft.set_yscale("log")
+    ttft.set_ylabel("TTFT p95 (s)")
+    good.set_ylabel("goodput (requests within SLO / s / engine)")
+    hits.legend(fontsize=8)
+    fig.suptitle("Placement by strategy: precise (KV events), approximate (rendezvous), least outstanding")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -18,18 +18,27 @@ per-backend prefill limits are not modelled either way.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
-from router.balance import Affinity, corrected_load
+from router.balance import (
+    Affinity,
+    AffinityKey,
+    BalanceHooks,
+    corrected_load,
+    make_balancer,
+    places_on_token_ids,
+)
 from router.config.models import ProfileConfig
 from router.errors import RouterError
 from router.keys.auth import ApiKey
 from router.keys.tenant import ANONYMOUS, Tenant
+from router.lab.bench.kvfeed import KVFeed
 from router.lab.bench.lanequeue import VirtualGate
 from router.lab.bench.reader import ReadStream, first_lag
 from router.lab.sim.protocol import ChunkWriter
+from router.lab.sim.token_ids import chat_token_ids
 from router.lab.sim.vclock import WAIT, BackendState, TraceRequest
 from router.lanes.classify import Signals, classify
 from router.lanes.lane import Lane
@@ -102,6 +111,20 @@ class VirtualRouter:
         self.tenants: dict[str, Tenant] = {}  # request id → the key it waits as (with a gate)
         self._lanes: dict[str, Lane] = {}  # request id → its lane, while it holds a slot
         self._piece_bytes = sse_piece_bytes(cfg)
+        # The engines' KV events on their way to the pools' views (a precise_prefix lane's).
+        self.feed: KVFeed | None = None
+        self.estimated = 0  # backends judged by approximation, over every placement
+        self._count_estimates()
+
+    def _count_estimates(self) -> None:
+        """Precise lanes' balancers as the router builds them, counting estimated backends here."""
+        for lane in self.runtime.lanes.values():
+            if places_on_token_ids(lane.config.balance):
+                hooks = BalanceHooks(cached_tokens=lane.pool.kv.cached_tokens, on_estimated=self._estimated)
+                lane.balancer = make_balancer(lane.config.balance, hooks)
+
+    def _estimated(self, n: int) -> None:
+        self.estimated += n
 
     def _identity(self, request_id: str) -> str | None:
         client = self.clients.get(request_id)
@@ -133,6 +156,8 @@ class VirtualRouter:
             # A waiter that was handed a slot: placed now, as the router's waiter is.
             lane = self._lanes[req.request_id]
             return _place(lane, states, gate.affinity(req.request_id))
+        if self.feed is not None:
+            self.feed.advance(req.arrival)
         runtime = self.runtime
         rules = runtime.classify_rules
         try:
@@ -158,7 +183,7 @@ class VirtualRouter:
         self.decisions[req.request_id] = Decision(
             decision.cls.value, decision.reason.value, lane.name, lane.pool.name
         )
-        affinity = affinity_for(lane, facts, runtime)
+        affinity = with_token_ids(lane, affinity_for(lane, facts, runtime), req)
         if gate is not None:
             tenant = self.tenants.get(req.request_id, ANONYMOUS)
             tokens = facts.prompt_tokens + (facts.max_tokens or 0)
@@ -169,6 +194,19 @@ class VirtualRouter:
             if verdict == "wait":
                 return WAIT
         return _place(lane, states, affinity)
+
+
+def with_token_ids(lane: Lane, affinity: Affinity, req: TraceRequest) -> Affinity:
+    """The prompt's token ids as the simulated engine reads them, for a lane that places on them
+    when the router's own affinity did not carry them."""
+    if not isinstance(affinity, AffinityKey) or affinity.token_ids:
+        return affinity
+    if not places_on_token_ids(lane.config.balance):
+        return affinity
+    messages = req.body.get("messages")
+    if req.kind != "chat" or not isinstance(messages, list):
+        return affinity
+    return replace(affinity, token_ids=chat_token_ids(messages))
 
 
 def _place(lane: Lane, states: Sequence[BackendState], affinity: Affinity) -> int | None:

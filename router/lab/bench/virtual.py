@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from router.config.models import PoolConfig, ProfileConfig
 from router.keys.tenant import Tenant
 from router.lab.bench.generate import Request, SessionPlan, Trace
+from router.lab.bench.kvfeed import KVFeed
 from router.lab.bench.lanequeue import Cost, VirtualGate
 from router.lab.bench.loadclient import new_outcome
 from router.lab.bench.outcome import Outcome
@@ -27,7 +29,14 @@ from router.lab.bench.realtime import ABANDONED
 from router.lab.bench.routing import VirtualRouter
 from router.lab.sim.profile import engine_config
 from router.lab.sim.timing import Preset
-from router.lab.sim.vclock import BackendSummary, RequestRecord, TraceRequest, VirtualBackend, VirtualCluster
+from router.lab.sim.vclock import (
+    BackendSummary,
+    Change,
+    RequestRecord,
+    TraceRequest,
+    VirtualBackend,
+    VirtualCluster,
+)
 
 SHARED_KEY = Tenant("shared")  # every tenant's requests as one key's: the queue is FIFO
 
@@ -45,6 +54,13 @@ class VirtualOptions:
     # With a queue: each workload tenant waits as its own key (fair across them), or every
     # request as one key (first come, first served).
     key_per_tenant: bool = True
+    # The engines publish their KV events, reaching the pools' views this long after each step
+    # (router/lab/bench/kvfeed.py); None: they publish none.
+    kv_events_delay: float | None = None
+    engine_overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. num_gpu_blocks
+    # Backends joining and leaving during the run (by index), and those absent at its start.
+    changes: tuple[Change, ...] = ()
+    absent: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,8 @@ class VirtualRun:
     outcomes: list[Outcome]
     pools: dict[str, PoolUse]
     end_time: float
+    backends: list[BackendSummary] = field(default_factory=list)
+    estimated: int = 0  # backends a precise lane judged by approximation, over every placement
 
 
 def allocate(sizes: Mapping[str, int], total: int) -> dict[str, int]:
@@ -108,12 +126,16 @@ def _listed(pool: PoolConfig) -> int:
 
 
 def profile_backends(
-    cfg: ProfileConfig, preset: Preset, engines: int | None = None, fixed: Mapping[str, int] | None = None
+    cfg: ProfileConfig,
+    preset: Preset,
+    engines: int | None = None,
+    fixed: Mapping[str, int] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> list[VirtualBackend]:
     counts = pool_counts(cfg, engines, fixed)
     out: list[VirtualBackend] = []
     for name, pool in cfg.pools.items():
-        config = engine_config(preset, pool.vllm.model_dump())
+        config = engine_config(preset, pool.vllm.model_dump(), **(overrides or {}))
         origins = pool.origins
         for i in range(counts[name]):
             # The profile's own backend names where there are enough (they feed rendezvous hashing).
@@ -230,19 +252,39 @@ def run_virtual(
 ) -> VirtualRun:
     """Simulate `trace` on the engines of `cfg` (or `opts.engines` of them, spread over its pools)."""
     opts = opts or VirtualOptions()
-    backends = profile_backends(cfg, preset, opts.engines, opts.pool_engines)
+    backends = profile_backends(cfg, preset, opts.engines, opts.pool_engines, opts.engine_overrides)
     gate = VirtualGate(opts.queue) if opts.queue is not None else None
     router = VirtualRouter(cfg, gate=gate)
+    if opts.kv_events_delay is not None:
+        router.feed = kv_feed(router, backends, opts.kv_events_delay)
     try:
         with Bar(trace.request_count, opts.desc, enabled=opts.progress) as bar:
             driver = _Driver(trace, router, backends, bar, key_per_tenant=opts.key_per_tenant)
-            cluster = driver.cluster = VirtualCluster(backends, scrape_interval=opts.scrape_interval)
+            cluster = driver.cluster = VirtualCluster(
+                backends,
+                scrape_interval=opts.scrape_interval,
+                members=router.feed,
+                changes=opts.changes,
+                absent=opts.absent,
+            )
             result = cluster.run(driver.initial(), router.pick, driver.on_done)
     finally:
         if gate is not None:
             gate.close()
     outcomes = [driver.outcome(r) for r in result.records] + driver.abandoned
-    return VirtualRun(outcomes, pool_use(result.backends, result.records), result.end_time)
+    return VirtualRun(
+        outcomes,
+        pool_use(result.backends, result.records),
+        result.end_time,
+        result.backends,
+        router.estimated,
+    )
+
+
+def kv_feed(router: VirtualRouter, backends: Sequence[VirtualBackend], delay: float) -> KVFeed:
+    """Each engine's events into its pool's view (the router keeps one per pool)."""
+    pools = router.runtime.pools
+    return KVFeed([b.name for b in backends], [pools[b.pool].kv for b in backends], delay)
 
 
 def pool_use(backends: Sequence[BackendSummary], records: Sequence[RequestRecord]) -> dict[str, PoolUse]:

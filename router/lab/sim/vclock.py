@@ -21,6 +21,7 @@ from router.errors import RouterError
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.engine import Engine, StepResult
 from router.lab.sim.frontend import Frontend
+from router.lab.sim.kv_events import KVEvent
 from router.lab.sim.protocol import Kind, parse_generation
 from router.lab.sim.request import EngineRequest, new_request
 from router.lab.sim.timing import StepTimeModel
@@ -70,6 +71,32 @@ WAIT = -1
 # Called once per request when its outcome is final (answered, refused or rejected), with the
 # virtual time; returns follow-up requests to add (e.g. an agent's next step after think time).
 DoneFn = Callable[["RequestRecord", float], Iterable[TraceRequest]]
+
+
+class Membership:
+    """Who is in the fleet, for a caller following it (the router's view of its engines' caches):
+    `published(index, events, at)` after each engine step with KV events, `joined(index, at)` when
+    a backend joins (a fresh engine, its cache empty), `left(index, at)` when it leaves."""
+
+    def published(self, index: int, events: list[KVEvent], at: float) -> None:
+        pass
+
+    def joined(self, index: int, at: float) -> None:
+        pass
+
+    def left(self, index: int, at: float) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Backend `index` joins (`up`) or leaves the fleet at `at`. A backend that leaves takes no
+    new request and finishes those it holds; one that joins starts a fresh engine (an empty
+    cache) unless its old one still has requests to finish."""
+
+    at: float
+    index: int
+    up: bool
 
 
 @dataclass(slots=True)
@@ -126,15 +153,32 @@ class SimulationResult:
     end_time: float
 
 
-_ARRIVE, _ENQUEUE, _STEP_END, _HANDED = 0, 1, 2, 3
+_ARRIVE, _ENQUEUE, _STEP_END, _HANDED, _CHANGE = 0, 1, 2, 3, 4
 
 
 class VirtualCluster:
-    def __init__(self, backends: Sequence[VirtualBackend], *, scrape_interval: float = 0.0) -> None:
+    def __init__(
+        self,
+        backends: Sequence[VirtualBackend],
+        *,
+        scrape_interval: float = 0.0,
+        members: Membership | None = None,
+        changes: Sequence[Change] = (),
+        absent: Iterable[int] = (),
+    ) -> None:
+        """`members`: told of every engine's KV events (engines then report them) and of
+        membership; `changes`: backends joining and leaving during the run; `absent`: backends
+        not in the fleet at the start (a later change brings them in)."""
         if not backends:
             raise ValueError("at least one backend")
         self.backends = list(backends)
-        self.engines = [Engine(b.config, b.timing) for b in backends]
+        self.members = members
+        self.engines = [self._engine(b) for b in backends]
+        self._retired: list[list[Engine]] = [[] for _ in backends]
+        self.active = [True] * len(backends)
+        for i in absent:
+            self.active[i] = False
+        self._changes = list(changes)
         self.frontends = [Frontend(b.timing) for b in backends]
         self.scrape_interval = scrape_interval
         self._in_flight = [0] * len(backends)
@@ -157,6 +201,12 @@ class VirtualCluster:
         records = self._records = []
         for t in trace:
             self._add(t)
+        for change in self._changes:
+            self._push(change.at, _CHANGE, change)
+        if self.members is not None:
+            for i, up in enumerate(self.active):
+                if up:
+                    self.members.joined(i, 0.0)
         now = 0.0
         while self._heap:
             now, _, kind, payload = heapq.heappop(self._heap)
@@ -166,6 +216,8 @@ class VirtualCluster:
                 self._enqueue(now, *payload)
             elif kind == _STEP_END:
                 self._step_end(payload[0], payload[1])
+            elif kind == _CHANGE:
+                self._change(payload, now)
             else:
                 self._deliver(payload[0], payload[1], now)
         return SimulationResult(records, [self._summary(i) for i in range(len(self.engines))], now)
@@ -186,6 +238,8 @@ class VirtualCluster:
             self._scraped_at = now
         states = []
         for i, b in enumerate(self.backends):
+            if not self.active[i]:
+                continue
             running, waiting, kv_usage = self._scraped[i]
             states.append(
                 BackendState(
@@ -199,6 +253,28 @@ class VirtualCluster:
                 )
             )
         return states
+
+    # ---- membership --------------------------------------------------------------------------
+    def _engine(self, b: VirtualBackend) -> Engine:
+        return Engine(b.config, b.timing, kv_events=self.members is not None)
+
+    def _change(self, change: Change, now: float) -> None:
+        i = change.index
+        if change.up == self.active[i]:
+            return
+        self.active[i] = change.up
+        members = self.members
+        if not change.up:
+            if members is not None:
+                members.left(i, now)
+            return
+        if not self.engines[i].has_work and not self._busy[i]:
+            # A restarted engine: its counters are kept for the run's summary, its cache is gone.
+            self._retired[i].append(self.engines[i])
+            self.engines[i] = self._engine(self.backends[i])
+            self.frontends[i] = Frontend(self.backends[i].timing)
+        if members is not None:
+            members.joined(i, now)
 
     # ---- events ------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> None:
@@ -269,7 +345,13 @@ class VirtualCluster:
             self._start_step(index, now)
 
     def _start_step(self, index: int, now: float) -> None:
-        result = self.engines[index].step(now)
+        engine = self.engines[index]
+        result = engine.step(now)
+        if engine.kv_events is not None and self.members is not None:
+            events = engine.kv_events.take()
+            if events:
+                # vLLM publishes a step's events once the step's output is processed.
+                self.members.published(index, events, now if result is None else result.end)
         if result is None:
             self._busy[index] = False
             return
@@ -314,15 +396,16 @@ class VirtualCluster:
 
     def _summary(self, i: int) -> BackendSummary:
         e, b = self.engines[i], self.backends[i]
+        lives = [*self._retired[i], e]  # every engine that served under this name
         return BackendSummary(
             name=b.name,
             pool=b.pool,
-            steps=e.steps,
-            busy_time=e.busy_time,
-            prefix_queries=e.scheduler.prefix_queries,
-            prefix_hits=e.scheduler.prefix_hits,
-            preemptions=e.scheduler.preemptions,
-            generated_tokens=e.metrics.generation_tokens,
+            steps=sum(x.steps for x in lives),
+            busy_time=sum(x.busy_time for x in lives),
+            prefix_queries=sum(x.scheduler.prefix_queries for x in lives),
+            prefix_hits=sum(x.scheduler.prefix_hits for x in lives),
+            preemptions=sum(x.scheduler.preemptions for x in lives),
+            generated_tokens=sum(x.metrics.generation_tokens for x in lives),
             blocks_per_sequence=e.blocks_per_sequence,
             spans_per_sequence=e.spans_per_sequence,
         )
