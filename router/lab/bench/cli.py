@@ -15,6 +15,9 @@ TENANTS_WORKLOAD = Path("config/workloads/noisy-tenant.yaml")
 TENANT_MODES = ("fifo", "fair", "fair-tokens")
 # router/lab/bench/lanepolicies.py EXPERIMENTS, named here so that `--help` imports no experiment.
 EXPERIMENT_NAMES = ("admission", "affinity", "p2c", "slow")
+# router/lab/bench/prefix.py SCENARIOS and STRATEGIES, named here for the same reason.
+PREFIX_SCENARIOS = ("rag", "agent", "churn", "fits", "bare")
+PREFIX_STRATEGIES = ("precise_prefix", "prefix_affinity", "least_outstanding")
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -30,6 +33,7 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     _register_compare(sub)
     _register_lanes(sub)
     _register_tenants(sub)
+    _register_prefix(sub)
     bench.set_defaults(func=lambda _args: _usage(bench))
 
 
@@ -110,6 +114,44 @@ def _register_tenants(sub: Any) -> None:
     )
     tenants.add_argument("--no-progress", dest="progress", action="store_false")
     tenants.set_defaults(func=cmd_tenants)
+
+
+def _register_prefix(sub: Any) -> None:
+    prefix = sub.add_parser(
+        "prefix",
+        help="precise (KV events), approximate and least-outstanding placement under cache pressure",
+        description="Run each scenario (config/workloads/prefix-*.yaml on a fleet of simulated "
+        "engines) on the virtual clock once per balance strategy, the engines publishing their KV "
+        "events into the router's view of their caches. Prints per scenario and strategy the "
+        "engines' own prefix-cache hit rate, TTFT p50/p95, goodput (requests within SLO per second "
+        "per engine) and the backends judged by approximation; writes prefix.md and prefix.png "
+        "to --out.",
+    )
+    prefix.add_argument(
+        "--scenarios",
+        default=",".join(PREFIX_SCENARIOS[:4]),
+        help=f"comma-separated, of {', '.join(PREFIX_SCENARIOS)} (default rag,agent,churn,fits)",
+    )
+    prefix.add_argument(
+        "--strategies",
+        default=",".join(PREFIX_STRATEGIES),
+        help=f"comma-separated, of {', '.join(PREFIX_STRATEGIES)} (default all)",
+    )
+    prefix.add_argument("--duration", type=float, help="seconds of arrivals (default: each scenario's, 120)")
+    prefix.add_argument(
+        "--delay-ms",
+        type=float,
+        default=5.0,
+        help="publication delay: from an engine step's end to its KV events in the router's view (default 5)",
+    )
+    prefix.add_argument("--seed", type=int, help="override the workloads' seeds")
+    prefix.add_argument("--workloads", type=Path, default=Path("config/workloads"), help="workload directory")
+    prefix.add_argument(
+        "--preset", default=DEFAULT_PRESET, help=f"simulator preset (default {DEFAULT_PRESET})"
+    )
+    prefix.add_argument("--out", type=Path, default=Path("lab-results/prefix"), help="output directory")
+    prefix.add_argument("--no-progress", dest="progress", action="store_false")
+    prefix.set_defaults(func=cmd_prefix)
 
 
 def _register_overhead(sub: Any) -> None:
@@ -393,6 +435,33 @@ def cmd_tenants(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError, RuntimeError) as err:
         return _fail(err)
     print(table_md(workload, args.rate, runs))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_prefix(args: argparse.Namespace) -> int:
+    from router.config.load import ConfigError
+    from router.lab.bench.prefix import pick_scenarios, pick_strategies, run_all, table_md, write_results
+    from router.lab.sim.timing import load_preset
+
+    try:
+        scenarios = pick_scenarios(args.scenarios)
+        strategies = pick_strategies(args.strategies)
+        runs = run_all(
+            scenarios,
+            strategies,
+            load_preset(args.preset),
+            workloads=args.workloads,
+            duration=args.duration,
+            delay=args.delay_ms / 1000.0,
+            seed=args.seed,
+            progress=args.progress,
+        )
+        command = " ".join(["lane-router", *sys.argv[1:]])
+        paths = write_results(runs, args.out, command)
+    except (ConfigError, ValueError, OSError) as err:
+        return _fail(err)
+    print(table_md(runs))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -272,7 +272,11 @@ class Generator:
         doc = rng.choices(texts, weights=zipf_weights(docs.count, docs.zipf))[0]
         q_tokens = draw(question, rng)
         q = self.text.unique(q_tokens, rng, f"\n\nQuestion [{self._tag(rid)}]: ")
-        return [{"role": "user", "content": doc + q}], docs.tokens + q_tokens
+        messages: list[dict[str, Any]] = [{"role": "user", "content": doc + q}]
+        if docs.instructions:
+            rules = self.text.text(docs.instructions, 0, "Answer from the document. ")
+            messages.insert(0, {"role": "system", "content": rules})
+        return messages, docs.instructions + docs.tokens + q_tokens
 
     # ---- agent sessions ----------------------------------------------------------------------
     def _session(

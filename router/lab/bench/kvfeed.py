@@ -5,8 +5,9 @@ from 0 per engine life, the block hashes in vLLM's published form) and reach the
 `KVCaches` — the same `Stream` per backend name the router follows over ZMQ
 (router/fleet/kvstream.py) — `delay` seconds of virtual time after the step ended. Batches are
 applied lazily: `advance(now)` before each placement applies those due by then. A backend that
-joins gets a new connected stream (its engine starts empty, its sequence from 0); one that leaves
-is no longer followed and its pending batches are dropped.
+joins gets a new stream (its engine starts empty, its sequence from 0), connected `connect`
+seconds later, the batches published meanwhile then applied as a replay would; one that leaves is
+no longer followed and its pending batches are dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from router.lab.sim import kv_events as sim
 from router.lab.sim.vclock import Membership
 
 DEFAULT_DELAY_S = 0.005  # a PUB socket on the same host network: a few milliseconds
+# From a backend's joining the pool to the router's subscriber connecting to its publisher; until
+# then the router places on that backend by approximation (its history comes in by replay).
+DEFAULT_CONNECT_S = 0.5
 
 
 def batch_of(seq: int, ts: float, events: Sequence[sim.KVEvent]) -> wire.EventBatch:
@@ -48,15 +52,21 @@ class KVFeed(Membership):
     per backend), each batch arriving `delay` seconds after its step."""
 
     def __init__(
-        self, names: Sequence[str], caches: Sequence[KVCaches], delay: float = DEFAULT_DELAY_S
+        self,
+        names: Sequence[str],
+        caches: Sequence[KVCaches],
+        delay: float = DEFAULT_DELAY_S,
+        connect: float = DEFAULT_CONNECT_S,
     ) -> None:
-        if delay < 0:
-            raise ValueError("the publication delay cannot be negative")
+        if delay < 0 or connect < 0:
+            raise ValueError("delays cannot be negative")
         if len(caches) != len(names):
             raise ValueError("one view per backend")
         self.names = list(names)
         self.caches = list(caches)
         self.delay = delay
+        self.connect = connect
+        self._connecting: dict[int, float] = {}  # backend index → when its subscriber connects
         self._seq = [0] * len(names)
         self._pending: list[tuple[float, int, int, wire.EventBatch]] = []  # a heap, by arrival
         self._order = itertools.count()
@@ -72,14 +82,23 @@ class KVFeed(Membership):
     def joined(self, index: int, at: float) -> None:
         self._drop(index)
         self._seq[index] = 0
-        self.caches[index].streams[self.names[index]] = Stream(connected=True)
+        # The fleet's first engines are followed from the start.
+        wait = self.connect if at > 0 else 0.0
+        self.caches[index].streams[self.names[index]] = Stream(connected=wait == 0)
+        if wait:
+            self._connecting[index] = at + wait
 
     def left(self, index: int, at: float) -> None:
         self._drop(index)
+        self._connecting.pop(index, None)
         self.caches[index].streams.pop(self.names[index], None)
 
     def advance(self, now: float) -> None:
         """Apply every batch that has reached the router by `now`."""
+        for index, at in list(self._connecting.items()):
+            if at <= now:
+                del self._connecting[index]
+                self.caches[index].streams[self.names[index]].connected = True
         pending = self._pending
         while pending and pending[0][0] <= now:
             due, _, index, batch = heapq.heappop(pending)

@@ -6,11 +6,13 @@ simulated engines that publish their KV events into the pool's view (router/lab/
 so a `precise_prefix` lane places on what the engines really hold, a publication delay behind.
 Scenarios (the workloads in config/workloads/prefix-*.yaml):
 
-* `rag` — 200 documents of 4k tokens over 4 engines whose KV cache holds about 55 of them each;
+* `rag` — shared instructions, then one of 200 documents of 4k tokens, over 4 engines whose KV
+  cache holds about 55 documents each;
 * `agent` — many tool-loop sessions whose contexts grow step by step, caches too small for all;
 * `churn` — `rag` while the fleet changes: a fifth engine joins, one leaves and comes back
   restarted (its cache empty);
-* `fits` — `rag` with caches that hold every document (no pressure, the control).
+* `fits` — `rag` with caches that hold every document (no pressure, the control);
+* `bare` — `rag` without the shared instructions: the prompt starts with its document.
 
 Per strategy: the engines' prefix-cache hit rate (hit tokens over queried tokens, vLLM's
 `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`), TTFT p50 / p95 of the answered requests,
@@ -21,7 +23,7 @@ backends precise placement judged by approximation.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -79,6 +81,7 @@ SCENARIOS: Final = {
         Scenario("agent", "prefix-agent.yaml", rate=12.0, duration=120.0, blocks=6_000),
         Scenario("churn", "prefix-rag.yaml", rate=10.0, duration=120.0, blocks=14_000, churn=True),
         Scenario("fits", "prefix-rag.yaml", rate=10.0, duration=120.0, blocks=60_000),
+        Scenario("bare", "prefix-rag-bare.yaml", rate=10.0, duration=120.0, blocks=14_000),
     )
 }
 
@@ -98,10 +101,11 @@ class StrategyRun:
     span: float
 
 
-def lab_profile(strategy: str, names: Sequence[str], model: str) -> ProfileConfig:
-    """One pool of the simulated engines, every class's lane on it, balanced by `strategy`."""
+def lab_profile(strategy: str | Mapping[str, Any], names: Sequence[str], model: str) -> ProfileConfig:
+    """One pool of the simulated engines, every class's lane on it, balanced by `strategy` (a name,
+    or a lane's `balance:` mapping)."""
     data: dict[str, Any] = {
-        "profile": f"prefix-lab-{strategy}",
+        "profile": "prefix-lab",
         "tokenizer": "simulator",
         "pools": {
             "fleet": {
@@ -117,7 +121,7 @@ def lab_profile(strategy: str, names: Sequence[str], model: str) -> ProfileConfi
         "lanes": {cls: {"pool": "fleet", "balance": strategy} for cls in CLASSES},
         "classify": {"long_context_tokens": 32768, "batch_min_output_tokens": 100_000},
     }
-    return parse_profile(data, f"<bench prefix: {strategy}>")
+    return parse_profile(data, "<bench prefix>")
 
 
 def backend_names(n: int) -> list[str]:

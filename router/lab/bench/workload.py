@@ -80,11 +80,13 @@ class FloatRange(Strict):
 
 
 class Documents(Strict):
-    """A fixed corpus that prompts repeat as a prefix; popularity follows Zipf(`zipf`)."""
+    """A fixed corpus that prompts repeat as a prefix; popularity follows Zipf(`zipf`).
+    `instructions`: tokens of a system prompt every request sends before its document."""
 
     count: int = Field(ge=1)
     tokens: int = Field(ge=1)
     zipf: float = Field(1.1, ge=0)
+    instructions: int = Field(0, ge=0)
 
 
 class Session(Strict):
@@ -156,7 +158,7 @@ class ClassSpec(Strict):
         if self.prompt_tokens is not None:
             return self.prompt_tokens.high
         if self.documents is not None and self.question_tokens is not None:
-            return self.documents.tokens + self.question_tokens.high
+            return self.documents.instructions + self.documents.tokens + self.question_tokens.high
         assert self.session is not None
         s = self.session
         turns = s.steps.high - 1
