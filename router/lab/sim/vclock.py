@@ -199,10 +199,10 @@ class VirtualCluster:
         """Simulate `trace`; `on_done` may add requests as others finish (closed-loop clients)."""
         self._on_done = on_done
         records = self._records = []
+        for change in self._changes:  # first: a change at t holds for arrivals at t
+            self._push(change.at, _CHANGE, change)
         for t in trace:
             self._add(t)
-        for change in self._changes:
-            self._push(change.at, _CHANGE, change)
         if self.members is not None:
             for i, up in enumerate(self.active):
                 if up:

@@ -12,7 +12,7 @@ from router.balance.least_outstanding import LeastOutstanding
 from router.balance.prefix_affinity import PrefixAffinity
 from router.lab.sim.config import EngineConfig
 from router.lab.sim.timing import StepTimeModel, load_preset
-from router.lab.sim.vclock import BackendState, TraceRequest, VirtualBackend, simulate
+from router.lab.sim.vclock import BackendState, Change, TraceRequest, VirtualBackend, VirtualCluster, simulate
 
 TIMING = StepTimeModel(c0=0.005, c_prefill=1e-4, c_decode=1e-3, c_ctx=1e-6, frontend_s=0.002)
 CONFIG = EngineConfig(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=64, num_gpu_blocks=4096)
@@ -186,3 +186,24 @@ def test_layout_statistic_is_reported_per_backend(layout: str) -> None:
     assert 1 <= summary.spans_per_sequence <= summary.blocks_per_sequence
     if layout != "paged":
         assert summary.spans_per_sequence < 3  # contiguous layouts keep sequences in few runs
+
+
+def test_a_backend_that_leaves_takes_no_new_request_and_one_that_joins_does() -> None:
+    trace = [chat(f"r-{i}", 0.1 * i, "x" * 400, max_tokens=3) for i in range(60)]
+    seen: list[tuple[float, list[int]]] = []
+
+    def pick(states: Sequence[BackendState], req: TraceRequest) -> int:
+        seen.append((req.arrival, [s.index for s in states]))
+        return states[int(req.request_id[2:]) % len(states)].index
+
+    changes = (Change(2.0, 2, up=True), Change(3.0, 0, up=False), Change(4.5, 0, up=True))
+    cluster = VirtualCluster(backends(3), changes=changes, absent=(2,))
+    res = cluster.run(trace, pick)
+    assert all(r.status == 200 for r in res.records)
+    for t, listed in seen:
+        assert (2 in listed) == (t >= 2.0)
+        assert (0 in listed) == (not 3.0 <= t < 4.5)
+    on_zero = [r.arrival for r in res.records if r.backend == 0]
+    assert on_zero and not [t for t in on_zero if 3.0 <= t < 4.5]
+    # Every engine that served under a name is counted in its summary, the restarted one too.
+    assert sum(b.prefix_queries for b in res.backends) == sum(r.prompt_tokens for r in res.records)
