@@ -79,7 +79,7 @@ SCENARIOS: Final = {
     for s in (
         Scenario("rag", "prefix-rag.yaml", rate=10.0, duration=120.0, blocks=14_000),
         Scenario("agent", "prefix-agent.yaml", rate=12.0, duration=120.0, blocks=6_000),
-        Scenario("churn", "prefix-rag.yaml", rate=10.0, duration=120.0, blocks=14_000, churn=True),
+        Scenario("churn", "prefix-rag-bare.yaml", rate=10.0, duration=120.0, blocks=14_000, churn=True),
         Scenario("fits", "prefix-rag.yaml", rate=10.0, duration=120.0, blocks=60_000),
         Scenario("bare", "prefix-rag-bare.yaml", rate=10.0, duration=120.0, blocks=14_000),
     )
