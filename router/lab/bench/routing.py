@@ -18,13 +18,12 @@ per-backend prefill limits are not modelled either way.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import orjson
 
 from router.balance import (
     Affinity,
-    AffinityKey,
     BalanceHooks,
     corrected_load,
     make_balancer,
@@ -38,13 +37,12 @@ from router.lab.bench.kvfeed import KVFeed
 from router.lab.bench.lanequeue import VirtualGate
 from router.lab.bench.reader import ReadStream, first_lag
 from router.lab.sim.protocol import ChunkWriter
-from router.lab.sim.token_ids import chat_token_ids
 from router.lab.sim.vclock import WAIT, BackendState, TraceRequest
 from router.lanes.classify import Signals, classify
 from router.lanes.lane import Lane
 from router.lanes.slowclient import client_identity
 from router.observe.metrics import Metrics
-from router.proxy.handler import affinity_for
+from router.proxy.handler import affinity_for, engine_token_ids
 from router.request.facts import parse_facts
 from router.request.tokens import CHARS_PER_TOKEN
 from router.state.runtime import Runtime, build_runtime
@@ -161,7 +159,7 @@ class VirtualRouter:
         runtime = self.runtime
         rules = runtime.classify_rules
         try:
-            facts = parse_facts("chat", orjson.dumps(req.body), runtime.counter)
+            facts = parse_facts("chat", orjson.dumps(req.body), runtime.counters)
             seen = 0
             fingerprint = facts.prefix_fingerprint(rules.repeated_prefix_tokens)
             if fingerprint is not None:
@@ -183,7 +181,9 @@ class VirtualRouter:
         self.decisions[req.request_id] = Decision(
             decision.cls.value, decision.reason.value, lane.name, lane.pool.name
         )
-        affinity = with_token_ids(lane, affinity_for(lane, facts, runtime), req)
+        # The prompt's token ids for a lane that places on them, as the handler works them out.
+        token_ids = engine_token_ids(route.counter, facts, None, None) if lane.settings.token_ids else ()
+        affinity = affinity_for(lane, facts, runtime, None, token_ids)
         if gate is not None:
             tenant = self.tenants.get(req.request_id, ANONYMOUS)
             tokens = facts.prompt_tokens + (facts.max_tokens or 0)
@@ -194,19 +194,6 @@ class VirtualRouter:
             if verdict == "wait":
                 return WAIT
         return _place(lane, states, affinity)
-
-
-def with_token_ids(lane: Lane, affinity: Affinity, req: TraceRequest) -> Affinity:
-    """The prompt's token ids as the simulated engine reads them, for a lane that places on them
-    when the router's own affinity did not carry them."""
-    if not isinstance(affinity, AffinityKey) or affinity.token_ids:
-        return affinity
-    if not places_on_token_ids(lane.config.balance):
-        return affinity
-    messages = req.body.get("messages")
-    if req.kind != "chat" or not isinstance(messages, list):
-        return affinity
-    return replace(affinity, token_ids=chat_token_ids(messages))
 
 
 def _place(lane: Lane, states: Sequence[BackendState], affinity: Affinity) -> int | None:
