@@ -135,7 +135,8 @@ def _register_prefix(sub: Any) -> None:
     prefix.add_argument(
         "--strategies",
         default=",".join(PREFIX_STRATEGIES),
-        help=f"comma-separated, of {', '.join(PREFIX_STRATEGIES)} (default all)",
+        help=f"comma-separated balance strategies, each NAME or NAME:KEY=VALUE:... with its settings "
+        f"(default {','.join(PREFIX_STRATEGIES)})",
     )
     prefix.add_argument("--duration", type=float, help="seconds of arrivals (default: each scenario's, 120)")
     prefix.add_argument(

@@ -23,10 +23,12 @@ backends precise placement judged by approximation.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from router.config.load import parse_profile
 from router.config.models import ProfileConfig
@@ -101,9 +103,23 @@ class StrategyRun:
     span: float
 
 
-def lab_profile(strategy: str | Mapping[str, Any], names: Sequence[str], model: str) -> ProfileConfig:
-    """One pool of the simulated engines, every class's lane on it, balanced by `strategy` (a name,
-    or a lane's `balance:` mapping)."""
+def balance_of(spec: str) -> str | dict[str, Any]:
+    """A lane's `balance:` from `NAME` or `NAME:KEY=VALUE:…` (a strategy with settings)."""
+    name, *settings = spec.split(":")
+    if not settings:
+        return name
+    balance: dict[str, Any] = {"strategy": name}
+    for item in settings:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"{spec!r}: a setting is KEY=VALUE, got {item!r}")
+        balance[key] = yaml.safe_load(value)
+    return balance
+
+
+def lab_profile(strategy: str, names: Sequence[str], model: str) -> ProfileConfig:
+    """One pool of the simulated engines, every class's lane on it, balanced by `strategy`
+    (`NAME` or `NAME:KEY=VALUE:…`)."""
     data: dict[str, Any] = {
         "profile": "prefix-lab",
         "tokenizer": "simulator",
@@ -118,10 +134,10 @@ def lab_profile(strategy: str | Mapping[str, Any], names: Sequence[str], model: 
                 },
             }
         },
-        "lanes": {cls: {"pool": "fleet", "balance": strategy} for cls in CLASSES},
+        "lanes": {cls: {"pool": "fleet", "balance": balance_of(strategy)} for cls in CLASSES},
         "classify": {"long_context_tokens": 32768, "batch_min_output_tokens": 100_000},
     }
-    return parse_profile(data, "<bench prefix>")
+    return parse_profile(data, f"<bench prefix: {strategy}>")
 
 
 def backend_names(n: int) -> list[str]:
@@ -194,6 +210,8 @@ def run_all(
     progress: bool = False,
 ) -> list[StrategyRun]:
     """Every strategy on the same trace of every scenario."""
+    for strategy in strategies:
+        lab_profile(strategy, backend_names(1), preset.model)  # a mistake stops it before any run
     runs: list[StrategyRun] = []
     for scenario in scenarios:
         trace = scenario_trace(scenario, workloads, preset.model, duration or scenario.duration, seed)
@@ -213,10 +231,10 @@ def pick_scenarios(names: str, duration: float | None = None) -> list[Scenario]:
 
 
 def pick_strategies(names: str) -> list[str]:
+    """Comma-separated strategies, each `NAME` or `NAME:KEY=VALUE:…`; the profile checks them."""
     out = [n.strip() for n in names.split(",") if n.strip()]
-    for name in out:
-        if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+    if not out:
+        raise ValueError("no strategy given")
     return out
 
 
