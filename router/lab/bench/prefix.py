@@ -9,7 +9,7 @@ Scenarios (the workloads in config/workloads/prefix-*.yaml):
 * `rag` — shared instructions, then one of 200 documents of 4k tokens, over 4 engines whose KV
   cache holds about 55 documents each;
 * `agent` — many tool-loop sessions whose contexts grow step by step, caches too small for all;
-* `churn` — `rag` while the fleet changes: a fifth engine joins, one leaves and comes back
+* `churn` — `bare` while the fleet changes: a fifth engine joins, one leaves and comes back
   restarted (its cache empty);
 * `fits` — `rag` with caches that hold every document (no pressure, the control);
 * `bare` — `rag` without the shared instructions: the prompt starts with its document.

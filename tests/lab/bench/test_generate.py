@@ -127,3 +127,15 @@ def test_a_workload_may_leave_classes_out() -> None:
     spec = WorkloadSpec.model_validate(data)
     trace = generate(spec, model=MODEL, rate=10, duration=10)
     assert {r.cls for r in trace.requests()} == {"chat"}
+
+
+def test_rag_instructions_come_before_every_document_the_same() -> None:
+    spec = load_workload(ROOT / "config/workloads/prefix-rag.yaml")
+    docs = spec.spec("rag").documents
+    assert docs is not None and docs.instructions > 0
+    rag = list(generate(spec, model=MODEL, rate=10, duration=20).requests())
+    systems = {r.body["messages"][0]["content"] for r in rag}
+    assert len(systems) == 1 and all(r.body["messages"][0]["role"] == "system" for r in rag)
+    assert estimate_messages_tokens([rag[0].body["messages"][0]]) == docs.instructions
+    assert all(estimate_messages_tokens(r.body["messages"]) == r.prompt_tokens for r in rag)
+    assert len({r.body["messages"][1]["content"][:1000] for r in rag}) > 1  # then the documents

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from router.cli import main
-from router.lab.bench.prefix import Scenario, run_all
+from router.lab.bench.prefix import Scenario, balance_of, run_all
 from router.lab.sim.timing import load_preset
 
 WORKLOADS = Path(__file__).resolve().parents[3] / "config" / "workloads"
@@ -50,3 +50,14 @@ def test_the_command_writes_its_table_and_plot(tmp_path: Path, capsys: pytest.Ca
         assert f"| churn | {strategy} |" in table
         assert f"| churn | {strategy} |" in printed
     assert (out / "prefix.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_strategy_may_carry_its_settings() -> None:
+    assert balance_of("least_outstanding") == "least_outstanding"
+    assert balance_of("prefix_affinity:min_tokens=1024:affinity=session") == {
+        "strategy": "prefix_affinity",
+        "min_tokens": 1024,
+        "affinity": "session",
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        balance_of("precise_prefix:penalty")
