@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,7 +28,8 @@ from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.token_ids import text_token_ids
 from router.lanes.lane import Lane
-from router.request.facts import prefix_chain
+from router.request.facts import parse_facts
+from router.request.tokens import Counters, make_counter
 from router.server import build_state
 from router.state.live import RouterState
 from tests.lab.sim.test_server import FAST
@@ -55,8 +57,10 @@ def engine(port: int = 0, kv_ports: tuple[int, int] = (0, 0)) -> EngineSpec:
 
 
 def precise_profile(urls: list[str]) -> dict[str, Any]:
-    data = profile(urls)
-    data["lanes"]["chat"]["balance"] = "precise_prefix"
+    """The simulator's token rule, so the router works out the ids its engines compute."""
+    data = profile(urls, tokenizer="simulator")
+    for lane in ("chat", "rag", "agent", "slow_stream"):
+        data["lanes"][lane]["balance"] = "precise_prefix"
     return data
 
 
@@ -68,9 +72,11 @@ def prompt(question: str) -> str:
 
 
 def pick(lane: Lane, text: str) -> Backend:
-    """Where the lane's balancer places this prompt now, given the prompt's token ids."""
+    """Where the lane's balancer places this completion prompt now, keyed as the router keys it."""
+    body = {"model": MODEL, "prompt": text}
+    facts = parse_facts("completions", orjson.dumps(body), Counters({}, make_counter(None)))
     request = AffinityRequest(
-        chain=prefix_chain(text),
+        chain=facts.prefix_chain,
         user=None,
         session=None,
         default_min_tokens=64,
@@ -257,3 +263,30 @@ async def test_reloads_follow_backends_that_join_and_leave_and_keep_the_index_of
                 "lane_router_kv_events_connected", lambda v: v is None, pool="interactive", backend=kept
             )
             assert pool.kv.streams == {}
+
+
+async def test_through_the_router_a_request_reaches_the_engine_that_cached_its_prefix() -> None:
+    specs = [engine(), engine()]
+    async with (
+        SimCluster(specs, note_deliveries=True) as cluster,
+        router_for(precise_profile(cluster.urls)) as (state, watch),
+    ):
+        for url in cluster.urls:
+            await watch.connected(url)
+        question = prompt("Who repairs the roof?")
+        rendezvous = pick(state.runtime.lanes["chat"], question)  # where nothing cached sends it
+        holder = 1 - cluster.urls.index(rendezvous.name)
+        await serve_directly(cluster.urls[holder], prompt("Summarise the lease."))
+        await watch.until(
+            "lane_router_kv_events_blocks",
+            lambda v: (v or 0) >= len(DOCUMENT) // 4 // BLOCK,
+            pool="interactive",
+            backend=cluster.urls[holder],
+        )
+
+        for _ in range(3):
+            body = {"model": MODEL, "prompt": question, "max_tokens": 2}
+            reply = await watch.client.post(watch.router + "/v1/completions", json=body, headers=auth("user"))
+            assert reply.status_code == 200, reply.text
+        # Deliveries are the requests that carried the router's x-request-id: the three sent through it.
+        assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]
