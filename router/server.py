@@ -1,7 +1,7 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
 uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
-load scrapes, the engines' KV event streams, the profile-file watcher and SIGHUP reload (of the profile and the TLS files), all
-started and stopped here. With `--workers N` this process supervises N workers
+load scrapes, the engines' KV event streams, the profile-file watcher and SIGHUP reload (of the
+profile and the TLS files), all started and stopped here. With `--workers N` this process supervises N workers
 (router/supervisor/workers.py), each of which runs here with its worker side
 (router/supervisor/workerlink.py)."""
 
