@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -23,7 +24,9 @@ from router.config.load import parse_profile
 from router.fleet.backend import Backend
 from router.lab.procs import free_ports
 from router.lab.sim.config import EngineConfig
-from router.lab.sim.kv_publisher import KVEventsConfig
+from router.lab.sim.kv import KVCacheManager
+from router.lab.sim.kv_events import KVEventLog, encode_batch
+from router.lab.sim.kv_publisher import KVEventsConfig, ZmqKVEventPublisher
 from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.token_ids import text_token_ids
@@ -33,8 +36,10 @@ from router.request.tokens import Counters, make_counter
 from router.server import build_state
 from router.state.live import RouterState
 from tests.lab.sim.test_server import FAST
+from tests.support.dnsmasq import DOMAIN, dnsmasq
+from tests.support.fakebackend import FakeBackend
 from tests.support.profiles import MODEL, auth, profile
-from tests.support.servers import server_group
+from tests.support.servers import free_port, running, server_group
 
 BLOCK = 16
 CONFIG = EngineConfig(
@@ -42,6 +47,7 @@ CONFIG = EngineConfig(
 )
 DOCUMENT = " ".join(f"Clause {i}: the tenant keeps the premises in good repair." for i in range(40))
 WAIT_S = 30.0
+NAME = f"engines.{DOMAIN}"
 
 
 def engine(port: int = 0, kv_ports: tuple[int, int] = (0, 0)) -> EngineSpec:
@@ -290,3 +296,84 @@ async def test_through_the_router_a_request_reaches_the_engine_that_cached_its_p
             assert reply.status_code == 200, reply.text
         # Deliveries are the requests that carried the router's x-request-id: the three sent through it.
         assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]
+
+
+def stored(rank: int, token_ids: list[int]) -> bytes:
+    """A batch of a real block manager storing `token_ids` (whole blocks), from `rank`."""
+    log = KVEventLog()
+    KVCacheManager(64, BLOCK, events=log).allocate(rank, token_ids)
+    return encode_batch(1.0, log.take(), data_parallel_rank=rank)
+
+
+async def test_every_data_parallel_rank_of_a_backend_feeds_its_one_index() -> None:
+    pub, replay = free_ports(2)
+    ranks = [
+        ZmqKVEventPublisher(
+            KVEventsConfig(
+                enable_kv_cache_events=True, endpoint=f"tcp://*:{pub}", replay_endpoint=f"tcp://*:{replay}"
+            ).for_server(rank)
+        )
+        for rank in range(2)
+    ]
+    prompts = [text_token_ids(prompt(f"Question {rank} of the rank.")) for rank in range(2)]
+    try:
+        async with running(FakeBackend()) as url:
+            data = precise_profile([url])
+            data["pools"]["interactive"]["kv_events"] = {
+                "port": pub,
+                "replay_port": replay,
+                "data_parallel_size": 2,
+            }
+            async with router_for(data) as (state, watch):
+                await watch.connected(url)
+                kv = state.runtime.pools["interactive"].kv
+                for rank, publisher in enumerate(ranks):
+                    publisher.publish(stored(rank, prompts[rank]))
+
+                async def both_held() -> bool:
+                    # A batch sent before the subscription reached the publisher is lost; the
+                    # next one reveals the gap and the replay brings it back.
+                    for rank, publisher in enumerate(ranks):
+                        publisher.publish(encode_batch(2.0, [], data_parallel_rank=rank))
+                    held = [kv.cached_tokens([url], ids)[url] or 0 for ids in prompts]
+                    return all(h >= len(ids) // BLOCK * BLOCK for h, ids in zip(held, prompts, strict=True))
+
+                await until(both_held, "both ranks' blocks in the backend's index")
+                ranks.pop().close()  # rank 1 goes away: the backend is no longer known
+                await watch.connected(url, up=False)
+                assert kv.cached_tokens([url], prompts[0]) == {url: None}
+    finally:
+        for publisher in ranks:
+            publisher.close()
+
+
+async def test_discovery_brings_backends_whose_streams_are_followed_and_let_go(tmp_path: Path) -> None:
+    """Simulated servers on 127.0.0.1 and 127.0.0.2 at one port, found by a real dnsmasq; each
+    lists its own publisher (on a port of its own) at /kv_event_sources."""
+    port = free_port()
+    specs = [dataclasses.replace(engine(port), host=host) for host in ("127.0.0.1", "127.0.0.2")]
+    origins = [f"http://{host}:{port}" for host in ("127.0.0.1", "127.0.0.2")]
+    async with dnsmasq(tmp_path) as dns, SimCluster(specs):
+        dns.set_hosts({NAME: ["127.0.0.1"]})
+        data = precise_profile(["http://127.0.0.1:1"])
+        pool = data["pools"]["interactive"]
+        del pool["backends"]
+        pool["discovery"] = {"dns": NAME, "port": port, "interval_s": 0.2, "nameservers": [dns.nameserver]}
+        async with router_for(data) as (state, watch):
+            await watch.connected(origins[0])
+            dns.set_hosts({NAME: ["127.0.0.1", "127.0.0.2"]})
+            await watch.connected(origins[1])
+            kv = state.runtime.pools["interactive"].kv
+            await serve_directly(origins[1], prompt("Summarise the lease."))
+            ids = text_token_ids(prompt("Who repairs the roof?"))
+
+            async def held() -> bool:
+                return (kv.cached_tokens(origins, ids)[origins[1]] or 0) > 0
+
+            await until(held, "the discovered backend's blocks indexed")
+
+            dns.set_hosts({NAME: ["127.0.0.1"]})
+            await watch.until(
+                "lane_router_kv_events_connected", lambda v: v is None, pool="interactive", backend=origins[1]
+            )
+            assert set(kv.streams) == {origins[0]}
