@@ -76,6 +76,21 @@ def wanted(runtime: Runtime) -> dict[tuple[str, str], tuple[Pool, KVEventsConfig
     return found
 
 
+def _ended(following: Following) -> bool:
+    """The backend's task stopped by itself (it only ends by a fault): it is started again."""
+    task = following.task
+    if task is None or not task.done() or task.cancelled():
+        return False
+    fault = task.exception()
+    log.error(
+        "pool %s: following %s's KV events failed; starting again",
+        following.pool.name,
+        following.backend,
+        exc_info=fault,
+    )
+    return True
+
+
 class KVFollower:
     """Keeps the current runtime's followed backends followed, until stopped."""
 
@@ -130,6 +145,8 @@ class KVFollower:
             target = want.get(key)
             if target is None or target[0] is not following.pool or target[1] != following.config:
                 self._let_go(following)
+            elif _ended(following):
+                self._let_go(following)  # taken up again below
         for key, (pool, cfg) in want.items():
             if key not in self._following:
                 self._take_up(pool, key[1], cfg)
