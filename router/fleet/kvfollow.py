@@ -105,7 +105,7 @@ class KVFollower:
         self._probes = ProbeClient()
         self._ctx: zmq.asyncio.Context | None = None
         self._task: asyncio.Task[None] | None = None
-        self._collector = StreamMetrics(self)
+        self._collector = StreamMetrics(lambda: self._following.values())
         metrics.registry.register(self._collector)
 
     @property
@@ -235,18 +235,20 @@ class KVFollower:
 class StreamMetrics(Collector):
     """The followed streams' state, read at each scrape; a backend let go has no series."""
 
-    def __init__(self, follower: KVFollower) -> None:
-        self._follower = follower
+    labelnames = ("pool", "backend")  # of every family, named as router/observe/leanmetrics.py names them
+
+    def __init__(self, followed: Callable[[], Iterable[Following]]) -> None:
+        self._followed = followed
 
     def describe(self) -> Iterable[Metric]:
         return list(_families([]))
 
     def collect(self) -> Iterable[Metric]:
-        return list(_families(self._follower.following.values()))
+        return list(_families(self._followed()))
 
 
 def _families(followed_: Iterable[Following]) -> Iterator[Metric]:
-    labels = ["pool", "backend"]
+    labels = list(StreamMetrics.labelnames)
     p = "lane_router_kv_events_"
     connected = GaugeMetricFamily(
         p + "connected",
