@@ -14,7 +14,8 @@ it built. One ZMQ context serves the process; it is terminated when the follower
 Silence is not loss: an idle engine publishes nothing, and its index stays good as long as the
 SUB socket holds its connection. A backend is answered None (approximate placement) while its
 publishers are not found or not connected, and after a disconnection (the engine went away, or
-stopped answering ZMTP heartbeats) until it is back; an engine that restarted starts its sequence
+stopped answering ZMTP heartbeats) until it is back, its index rebuilt from the engine's replay
+buffer (router/fleet/kvstream.py `Stream.lost`); an engine that restarted starts its sequence
 again, which clears its index; lost batches are asked again of the replay endpoint, and a
 replay that fails clears the index, which then fills again from the live stream. A backend down
 by its health checks takes no requests at all.

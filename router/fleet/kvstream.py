@@ -84,6 +84,17 @@ class Stream:
         self._apply(batch, now)
         return None
 
+    def lost(self) -> None:
+        """The connection to the publisher dropped. What the engine did meanwhile is unknown — it
+        may have restarted and published more than its old sequence since, which no sequence
+        number would reveal — so the index starts again, and the first batch after reconnection
+        asks the replay endpoint for the engine's history (`live`)."""
+        self.connected = False
+        if self.last_seq is not None or len(self.index):
+            self.index.clear()
+            self.last_seq = None
+            self.resets += 1
+
     def replayed(self, batch: EventBatch, now: float) -> None:
         if sequence_step(self.last_seq, batch.seq).step in (Step.FIRST, Step.NEXT):
             self._apply(batch, now)
@@ -143,7 +154,7 @@ def _connection(frames: list[bytes], stream: Stream) -> None:
     if event == zmq.EVENT_CONNECTED:
         stream.connected = True
     elif event == zmq.EVENT_DISCONNECTED:
-        stream.connected = False
+        stream.lost()
 
 
 async def _receive(
