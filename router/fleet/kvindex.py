@@ -45,8 +45,13 @@ _ROOT: Final = os.urandom(16)
 
 def chain_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     """The router's keys of a prompt's full blocks, in order; a partial last block has none
-    (vLLM caches full blocks only)."""
-    raw = array("I", token_ids).tobytes()
+    (vLLM caches full blocks only). An id no index holds — outside 4-byte unsigned ints, which
+    router/fleet/kvevents.py refuses in a stored block — ends the prompt's keys before its block:
+    no engine's index can hold that block or any after it."""
+    try:
+        raw = array("I", token_ids).tobytes()
+    except OverflowError:
+        raw = array("I", _keyable_prefix(token_ids)).tobytes()
     step = block_size * 4
     keys: list[bytes] = []
     parent = _ROOT
@@ -54,6 +59,13 @@ def chain_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
         parent = _key(parent, raw[start : start + step])
         keys.append(parent)
     return keys
+
+
+def _keyable_prefix(token_ids: Sequence[int]) -> Sequence[int]:
+    for i, token in enumerate(token_ids):
+        if not 0 <= token < 1 << 32:
+            return token_ids[:i]
+    return token_ids
 
 
 def _key(parent: bytes, block: bytes) -> bytes:

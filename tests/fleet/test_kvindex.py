@@ -43,6 +43,17 @@ def test_a_stored_chain_covers_the_prompts_leading_full_blocks() -> None:
     assert held(index, [99, *prompt[1:]]) == 0
 
 
+def test_a_token_id_no_index_holds_ends_the_prompts_keys_before_its_block() -> None:
+    index = BlockIndex()
+    prompt = tokens(12)
+    index.apply([store([1, 2, 3], None, prompt)])
+    # Ids of 4 bytes at most are what engines store; a wider one (a simulator's salted id) or a
+    # negative one cannot be in any block, so the prompt's keys stop before the block holding it.
+    assert chain_keys([*prompt[:5], 1 << 40, *prompt[6:]], BS) == chain_keys(prompt[:4], BS)
+    assert held(index, [*prompt[:9], -1, *prompt[10:]]) == 8
+    assert chain_keys([1 << 33, *prompt[1:]], BS) == []
+
+
 def test_a_removed_block_ends_the_prefix_there() -> None:
     index = BlockIndex()
     prompt = tokens(12)
