@@ -298,7 +298,7 @@ async def test_through_the_router_a_request_reaches_the_engine_that_cached_its_p
         assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]
 
         # The simulator's chat ids are salted past 4 bytes, which no engine's index holds: such a
-        # prompt matches no block anywhere and is placed by approximation, not failed.
+        # prompt matches no block anywhere, so rendezvous ranks the backends; it is not failed.
         chat = {"model": MODEL, "messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 2}
         reply = await watch.client.post(
             watch.router + "/v1/chat/completions", json=chat, headers=auth("user")
