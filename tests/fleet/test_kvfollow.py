@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -385,3 +386,25 @@ async def test_discovery_brings_backends_whose_streams_are_followed_and_let_go(t
                 "lane_router_kv_events_connected", lambda v: v is None, pool="interactive", backend=origins[1]
             )
             assert set(kv.streams) == {origins[0]}
+
+
+async def test_a_backend_listing_no_publisher_is_asked_again_until_its_engine_publishes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    silent = SimCluster([dataclasses.replace(engine(port), kv_events=None)])
+    async with silent, router_for(precise_profile([url])) as (state, watch):
+        await until(
+            lambda: _said(caplog, "lists no KV event publisher"), "the backend without events is reported"
+        )
+        assert await watch.get("lane_router_kv_events_connected", pool="interactive", backend=url) == 0
+        ids = text_token_ids(prompt("Who repairs the roof?"))
+        assert state.runtime.pools["interactive"].kv.cached_tokens([url], ids) == {url: None}
+        await silent.stop()  # restarted with its KV events on
+        async with SimCluster([engine(port)]):
+            await watch.connected(url)
+
+
+async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
