@@ -140,7 +140,10 @@ class KVFollower:
     async def _loop(self) -> None:
         while True:
             runtime = self._current()
-            self.reconcile(runtime)
+            try:
+                self.reconcile(runtime)
+            except Exception:  # a fault in one round must not stop the fleet being followed
+                log.exception("following the engines' KV events failed this round")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runtime.superseded.wait(), self._check_every_s)
 
