@@ -263,6 +263,9 @@ async def test_reloads_follow_backends_that_join_and_leave_and_keep_the_index_of
             assert (await state.reload("test")).ok
             await watch.connected(joining)
             assert pool.kv.streams[kept] is stream and len(stream.index) == blocks
+            admin = await watch.client.get(watch.router + "/admin/lanes", headers=auth("ops"))
+            listed = {b["url"]: b.get("kv_events") for b in admin.json()["pools"]["interactive"]["backends"]}
+            assert listed[kept] == {"connected": True, "blocks": blocks}
 
             write(path, precise_profile([kept]))
             assert (await state.reload("test")).ok
