@@ -32,7 +32,10 @@ from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.token_ids import text_token_ids
 from router.lanes.lane import Lane
+from router.proxy.handler import affinity_for as handler_affinity
+from router.proxy.handler import engine_token_ids
 from router.request.facts import parse_facts
+from router.request.fields import Endpoint
 from router.request.tokens import Counters, make_counter
 from router.server import build_state
 from router.state.live import RouterState
@@ -310,14 +313,6 @@ async def test_through_the_router_a_request_reaches_the_engine_that_cached_its_p
         # Deliveries are the requests that carried the router's x-request-id: the three sent through it.
         assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]
 
-        # The simulator's chat ids are salted past 4 bytes, which no engine's index holds: such a
-        # prompt matches no block anywhere, so rendezvous ranks the backends; it is not failed.
-        chat = {"model": MODEL, "messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 2}
-        reply = await watch.client.post(
-            watch.router + "/v1/chat/completions", json=chat, headers=auth("user")
-        )
-        assert reply.status_code == 200, reply.text
-
 
 def stored(rank: int, token_ids: list[int]) -> bytes:
     """A batch of a real block manager storing `token_ids` (whole blocks), from `rank`."""
@@ -420,3 +415,42 @@ async def test_a_backend_listing_no_publisher_is_asked_again_until_its_engine_pu
 
 async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return any(text in record.getMessage() for record in caplog.records)
+
+
+def routed_to(state: RouterState, endpoint: Endpoint, body: dict[str, Any]) -> Backend:
+    """Where the chat lane would place this body now, keyed and tokenized as the handler does."""
+    runtime = state.runtime
+    lane = runtime.lanes["chat"]
+    facts = parse_facts(endpoint, orjson.dumps(body), runtime.counters)
+    ids = engine_token_ids(runtime.counters.get(MODEL), facts, None, None)
+    return lane.balancer.pick(lane.pool.routable(), handler_affinity(lane, facts, runtime, token_ids=ids))
+
+
+async def test_a_chat_request_reaches_the_engine_holding_its_conversations_blocks() -> None:
+    async with (
+        SimCluster([engine(), engine()], note_deliveries=True) as cluster,
+        router_for(precise_profile(cluster.urls)) as (state, watch),
+    ):
+        for url in cluster.urls:
+            await watch.connected(url)
+        system = {"role": "system", "content": DOCUMENT}
+        asked = {"model": MODEL, "messages": [system, {"role": "user", "content": "Who repairs the roof?"}]}
+        rendezvous = routed_to(state, "chat", asked)
+        holder = 1 - cluster.urls.index(rendezvous.name)
+        earlier = {"model": MODEL, "messages": [system, {"role": "user", "content": "Summarise it."}]}
+        async with httpx.AsyncClient(base_url=cluster.urls[holder], timeout=30) as http:
+            assert (
+                await http.post("/v1/chat/completions", json={**earlier, "max_tokens": 2})
+            ).status_code == 200
+        await watch.until(
+            "lane_router_kv_events_blocks",
+            lambda v: (v or 0) >= len(DOCUMENT) // 4 // BLOCK,
+            pool="interactive",
+            backend=cluster.urls[holder],
+        )
+
+        url = watch.router + "/v1/chat/completions"
+        for _ in range(3):
+            reply = await watch.client.post(url, json={**asked, "max_tokens": 2}, headers=auth("user"))
+            assert reply.status_code == 200, reply.text
+        assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]
