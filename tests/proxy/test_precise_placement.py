@@ -34,6 +34,9 @@ INTERACTIVE = ("chat", "rag", "agent", "slow_stream")
 def _precise(tokenizer: str) -> Callable[[list[str]], dict[str, Any]]:
     def shape(urls: list[str]) -> dict[str, Any]:
         data = profile(urls, tokenizer=tokenizer)
+        # The test sets each backend's stream itself: the pool follows no publisher of its own
+        # (whose /kv_event_sources questions the fake backends would count as requests).
+        data["pools"]["interactive"]["kv_events"] = {"follow": False}
         for cls in INTERACTIVE:
             data["lanes"][cls]["balance"] = {"strategy": "precise_prefix"}
         return data
