@@ -5,46 +5,29 @@ subscriber that joins late rebuilds the same index from the engine's replay endp
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 
 import httpx
-import zmq.asyncio
+import pytest
 
-from router.fleet.kvstream import Stream, start
-from tests.lab.realvllm.kvcache.pair import BLOCK, CACHE_BLOCKS, KEY, MODEL, KVPair, KVServer
-from tests.lab.realvllm.kvcache.workload import counted, counters, document, held, token_ids, until_held
+from tests.lab.realvllm.kvcache.pair import BLOCK, CACHE_BLOCKS, KVPair
+from tests.lab.realvllm.kvcache.workload import (
+    ask,
+    counted,
+    counters,
+    document,
+    following,
+    held,
+    token_ids,
+    until_held,
+)
 
 DOCS = 8
 REQUESTS = 24
 
-
-@asynccontextmanager
-async def following(kv: KVServer) -> AsyncIterator[Stream]:
-    """A stream following the server's publisher, once its SUB socket is connected."""
-    ctx = zmq.asyncio.Context()
-    stream = Stream()
-    task = start(ctx, kv.events, kv.replay, stream)
-    try:
-        async with asyncio.timeout(30):
-            while not stream.connected:
-                await asyncio.sleep(0.02)
-        yield stream
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        ctx.destroy(linger=0)
-
-
-async def ask(client: httpx.AsyncClient, kv: KVServer, doc: int) -> None:
-    resp = await client.post(
-        f"{kv.server.url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {KEY}"},
-        json={"model": MODEL, "messages": document(doc), "max_tokens": 1},
-    )
-    resp.raise_for_status()
+# Start-up of the pair is counted in the first test's time, on a host busy with other work.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 
 def seeded_order() -> Iterator[int]:
