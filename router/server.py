@@ -1,7 +1,7 @@
 """Running the router: `LaneRouterApp` on the router's own HTTP server (router/httpserver/) under
 uvloop, plus the background work of a live router — health probes, the pools' DNS discovery,
-load scrapes, the profile-file watcher and SIGHUP reload (of the profile and the TLS files), all
-started and stopped here. With `--workers N` this process supervises N workers
+load scrapes, the engines' KV event streams, the profile-file watcher and SIGHUP reload (of the
+profile and the TLS files), all started and stopped here. With `--workers N` this process supervises N workers
 (router/supervisor/workers.py), each of which runs here with its worker side
 (router/supervisor/workerlink.py)."""
 
@@ -27,6 +27,7 @@ from router.config.models import ProfileConfig
 from router.errors import Unavailable, error_event
 from router.fleet.discovery import Discovery
 from router.fleet.health import HealthChecker, reload_drift
+from router.fleet.kvfollow import KVFollower
 from router.fleet.scrape import LoadScraper
 from router.observe.metrics import Metrics
 from router.observe.observer import Observer, build_observer
@@ -110,6 +111,8 @@ async def background(
     discovery.start()
     scraper = LoadScraper(lambda: state.runtime)
     scraper.start()
+    kv_events = KVFollower(lambda: state.runtime, state.metrics)  # for precise_prefix lanes
+    kv_events.start()
     slots = state.runtime.counting.store
     if slots is not None:
         slots.start()  # an idle process learns what the others hold, and is known to them
@@ -140,6 +143,7 @@ async def background(
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         await scraper.stop()
+        await kv_events.stop()
         await discovery.stop()  # before the checker, whose first probes it starts
         await checker.stop()
         await state.aclose()

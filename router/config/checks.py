@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from router.balance import places_on_token_ids
 from router.config.issue import ConfigIssue
 from router.config.lanemap import lane_plan
 from router.config.modelchecks import model_rules
 from router.config.models import ProfileConfig
 from router.config.vllm import vllm_rule_violations
 from router.fleet.membership import parse_nameserver
-from router.request.tokenizer_source import TokenizerNotFound, find_tokenizer
+from router.request.tokenizer_source import BY_BACKEND, BY_BYTES, TokenizerNotFound, find_tokenizer
 from router.state.counters import model_tokenizer
 from router.state.slots.budget import budgets
 from router.tls.contexts import TlsFileError, client_context
@@ -26,6 +27,7 @@ def cross_check(cfg: ProfileConfig) -> list[ConfigIssue]:
     issues += _key_rules(cfg)
     issues += _slow_client_rules(cfg)
     issues += _token_rules(cfg)
+    issues += _token_id_rules(cfg)
     issues += _fair_by_rules(cfg)
     return issues
 
@@ -44,6 +46,31 @@ def _token_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
             for i, key in enumerate(cfg.keys)
             if key.cache_group is not None
         ]
+    return issues
+
+
+def _token_id_rules(cfg: ProfileConfig) -> list[ConfigIssue]:
+    """A lane placing on the prompt's token ids needs a model whose tokenizer gives them: with
+    the byte bound it would place every request by approximation, as prefix_affinity does."""
+    issues: list[ConfigIssue] = []
+    for planned in lane_plan(cfg):
+        if not places_on_token_ids(planned.config.balance):
+            continue
+        model = planned.model
+        try:
+            source = find_tokenizer(model, model_tokenizer(cfg, model), cfg.tokenizer)
+        except TokenizerNotFound:
+            continue  # said by _token_rules
+        if source.how in (BY_BYTES, BY_BACKEND):
+            issues.append(
+                ConfigIssue(
+                    f"{planned.path}.balance",
+                    f"{planned.config.balance.strategy} places requests on their prompt's token ids, which"
+                    f" the router works out with the model's tokenizer, and model {model!r} has none"
+                    f" ({source.describe()}): set models.{model}.tokenizer (a tokenizer.json, or"
+                    " 'simulator' for lane-router sim), or choose prefix_affinity",
+                )
+            )
     return issues
 
 

@@ -88,6 +88,38 @@ class DiscoveryConfig(Strict):
     nameservers: tuple[str, ...] = ()
 
 
+class KVEventsConfig(Strict):
+    """Where a pool's engines publish their KV cache events (vLLM's `--kv-events-config`), for
+    `precise_prefix` placement (docs/balance.md). `discover` (the default when no `port` is given)
+    asks each backend's `GET /kv_event_sources`; `port` and `replay_port` name the publisher on the
+    backend's own host instead, rank r of `data_parallel_size` ranks at port + r as vLLM binds
+    them. `follow`: unset, the pool follows its engines when one of its lanes balances
+    `precise_prefix`; true or false decides it."""
+
+    follow: bool | None = None
+    discover: bool | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    replay_port: int | None = Field(None, ge=1, le=65535)
+    data_parallel_size: int = Field(1, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _one_way_to_find_publishers(self) -> KVEventsConfig:
+        if self.port is None:
+            if self.discover is False:
+                raise ValueError("without discover, give the publisher's port")
+            if self.replay_port is not None or self.data_parallel_size != 1:
+                raise ValueError(
+                    "replay_port and data_parallel_size go with port (discovery lists each rank)"
+                )
+        elif self.discover:
+            raise ValueError("set either discover: true or port, not both")
+        return self
+
+    @property
+    def discovers(self) -> bool:
+        return self.port is None
+
+
 class PoolConfig(Strict):
     """`backends` lists the pool's servers; `discovery` finds them by DNS instead (exactly one
     of the two). `https://` backends are verified as `tls:` says (router/config/tls.py); without
@@ -123,6 +155,7 @@ class PoolConfig(Strict):
     vllm: VllmSettings = VllmSettings()
     admission: PoolAdmission = PoolAdmission()
     tls: UpstreamTlsConfig | None = None
+    kv_events: KVEventsConfig | None = None  # unset: discovered, when a lane needs them
 
     @model_validator(mode="before")
     @classmethod

@@ -21,7 +21,7 @@ class KVCaches:
     def cached_tokens(self, names: Sequence[str], token_ids: Sequence[int]) -> Mapping[str, int | None]:
         """Each named backend's cached leading tokens of the prompt; the prompt is keyed once per
         block size among them."""
-        keys_by_size: dict[int, list[bytes]] = {}
+        keys_by_size: dict[int, list[int]] = {}
         held: dict[str, int | None] = {}
         streams = self.streams
         for name in names:

@@ -33,6 +33,10 @@ RECONNECT_IVL_MS: Final = 500
 RECONNECT_IVL_MAX_MS: Final = 5000
 # The most batches a SUB socket queues while the router is busy; past it ZMQ drops, a gap follows.
 RCVHWM: Final = 100_000
+# ZMTP heartbeats: a publisher whose host vanished without closing the connection (no FIN) is
+# seen as disconnected after HEARTBEAT_TIMEOUT_MS, not when TCP gives up minutes later.
+HEARTBEAT_IVL_MS: Final = 5000
+HEARTBEAT_TIMEOUT_MS: Final = 15000
 
 
 @dataclass(slots=True)
@@ -40,7 +44,8 @@ class Stream:
     """One backend's stream as the router has followed it. `heard`: the monotonic time of the last
     batch applied (None: never); `connected`: the SUB socket holds a connection to the publisher;
     `resets`: how often the index was cleared for lost or restarted history; `malformed`: messages
-    refused."""
+    refused; `batches`: batches applied. `peers`: the streams of the engine's other data-parallel
+    ranks, which share this index; the index is shown only while all of them are connected."""
 
     index: BlockIndex = field(default_factory=BlockIndex)
     last_seq: int | None = None
@@ -49,11 +54,17 @@ class Stream:
     malformed: int = 0
     gaps: int = 0
     resets: int = 0
+    batches: int = 0
+    peers: tuple[Stream, ...] = ()
+
+    @property
+    def all_connected(self) -> bool:
+        return self.connected and all(p.connected for p in self.peers)
 
     def view(self) -> BlockIndex | None:
         """The index, while the publisher is connected; None when the stream is lost (the index
         may miss the engine's evictions since), so placement falls back to approximation."""
-        return self.index if self.connected else None
+        return self.index if self.all_connected else None
 
     def live(self, batch: EventBatch, now: float) -> int | None:
         """A batch from the publisher. Returns the sequence number to replay from when batches
@@ -73,6 +84,17 @@ class Stream:
         self._apply(batch, now)
         return None
 
+    def lost(self) -> None:
+        """The connection to the publisher dropped. What the engine did meanwhile is unknown — it
+        may have restarted and published more than its old sequence since, which no sequence
+        number would reveal — so the index starts again, and the first batch after reconnection
+        asks the replay endpoint for the engine's history (`live`)."""
+        self.connected = False
+        if self.last_seq is not None or len(self.index):
+            self.index.clear()
+            self.last_seq = None
+            self.resets += 1
+
     def replayed(self, batch: EventBatch, now: float) -> None:
         if sequence_step(self.last_seq, batch.seq).step in (Step.FIRST, Step.NEXT):
             self._apply(batch, now)
@@ -91,6 +113,7 @@ class Stream:
         self.index.apply(batch.events)
         self.last_seq = batch.seq
         self.heard = now
+        self.batches += 1
 
 
 async def follow(
@@ -103,6 +126,9 @@ async def follow(
         sub.setsockopt(zmq.RCVHWM, RCVHWM)
         sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sub.setsockopt(zmq.IPV6, 1)  # an engine at an IPv6 address
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(endpoint)
@@ -128,7 +154,7 @@ def _connection(frames: list[bytes], stream: Stream) -> None:
     if event == zmq.EVENT_CONNECTED:
         stream.connected = True
     elif event == zmq.EVENT_DISCONNECTED:
-        stream.connected = False
+        stream.lost()
 
 
 async def _receive(
@@ -149,6 +175,7 @@ async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, until: in
     """Ask the engine's replay socket for batches `start`… and apply those before `until`."""
     dealer = ctx.socket(zmq.DEALER)
     try:
+        dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(endpoint)
         await dealer.send_multipart([b"", replay_request(start)])
         deadline = time.monotonic() + REPLAY_TIMEOUT_S

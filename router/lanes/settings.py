@@ -8,7 +8,7 @@ on first use, as before, and the lookup is not repeated."""
 
 from __future__ import annotations
 
-from router.balance import routes_on_affinity
+from router.balance import places_on_token_ids, routes_on_affinity
 from router.config.models import LaneConfig, PoolConfig, RequestClass
 from router.config.slo import lane_slo
 from router.fleet.adapters import AdapterNeed
@@ -32,10 +32,13 @@ class LaneSettings:
         "route_metrics",
         "shaped",
         "slo",
+        "token_ids",
     )
 
     def __init__(self, lane: LaneConfig, pool: PoolConfig, cls: RequestClass) -> None:
         self.affinity = routes_on_affinity(lane.balance)  # the balance strategy routes on one
+        # It places on the prompt's token ids: only this lane's requests have them worked out.
+        self.token_ids = places_on_token_ids(lane.balance)
         self.decouple = lane.decouple
         self.max_in_flight = lane.max_in_flight
         self.max_output_tokens = lane.max_output_tokens

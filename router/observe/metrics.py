@@ -176,6 +176,13 @@ class Metrics:
             ["pool"],
             registry=registry,
         )
+        self.precise_prefix_estimated = Counter(
+            p + "precise_prefix_estimated",
+            "Backends a precise_prefix placement judged by approximation: their KV event stream "
+            "was not followed, not yet connected or lost.",
+            ["pool"],
+            registry=registry,
+        )
         self.adapter_loads = Counter(
             p + "adapter_loads",
             "LoRA adapters the router loaded on a backend on demand, by pool and outcome (loaded, failed).",

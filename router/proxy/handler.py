@@ -8,7 +8,7 @@ the key's rate limits and the disconnect watch, is router/proxy/relay.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 from router.app.asgi import Message, Receive, Send, body_writer
@@ -16,6 +16,7 @@ from router.app.routes import ApiRoute
 from router.balance import Affinity, AffinityRequest
 from router.balance import affinity_for as balance_affinity
 from router.errors import NotFound, RouterError
+from router.fleet.adapters import AdapterNeed
 from router.keys.auth import ApiKey, credentials
 from router.keys.ratelimit import estimate_tokens
 from router.lanes.admission import outside_lane_shape
@@ -40,6 +41,7 @@ from router.request.facts import RequestFacts, parse_facts
 from router.request.fields import check_fields
 from router.request.multipart import Form
 from router.request.rewrite import OutputCaps, check_key_output, output_bound, upstream_body, written_output
+from router.request.tokens import PromptCounter
 from router.state.runtime import Runtime
 
 
@@ -55,10 +57,17 @@ def seen_slow(
     return memory.recall(client_identity(key.name, headers.client_id, client), time.monotonic())
 
 
-def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: bytes | None = None) -> Affinity:
+def affinity_for(
+    lane: Lane,
+    facts: RequestFacts,
+    runtime: Runtime,
+    session: bytes | None = None,
+    token_ids: Sequence[int] = (),
+) -> Affinity:
     """What the lane's balance strategy routes this request on (router/balance/): the prompt's
-    block chain over the whole message list, the body's `user`, `X-Session-Id`, and the
-    profile's repeated-prefix length as the default depth; None for strategies that route on none."""
+    block chain over the whole message list, the body's `user`, `X-Session-Id`, the profile's
+    repeated-prefix length as the default depth, and the prompt's token ids for a strategy that
+    places on them (`engine_token_ids`); None for strategies that route on none."""
     if not lane.settings.affinity:
         return None
     request = AffinityRequest(
@@ -66,8 +75,24 @@ def affinity_for(lane: Lane, facts: RequestFacts, runtime: Runtime, session: byt
         user=facts.user,
         session=session,
         default_min_tokens=runtime.classify_rules.repeated_prefix_tokens,
+        token_ids=token_ids,
     )
     return balance_affinity(lane.config.balance, request)
+
+
+def engine_token_ids(
+    counter: PromptCounter, facts: RequestFacts, adapter: AdapterNeed | None, salt: str | None
+) -> Sequence[int]:
+    """The prompt's token ids as its engine will compute them (router/request/promptids.py), or
+    none where the router cannot know them — and for a prompt whose cached blocks the engine
+    keys with more than its tokens (an adapter's, a salted one's), which no plain block matches."""
+    if adapter is not None or salt is not None or facts.body.get("cache_salt") is not None:
+        return ()
+    if facts.token_ids is not None:
+        return facts.token_ids  # the chat template's count encoded them already
+    source = counter.ids
+    found = source.of(facts.endpoint, facts.body) if source is not None else None
+    return () if found is None else found
 
 
 def handle(
@@ -181,6 +206,7 @@ async def _handle(
     caps = OutputCaps(lane=settings.max_output_tokens, key=fields.max_tokens, context=settings.max_model_len)
     bound = output_bound(facts, caps)
     priority = settings.priority if settings.by_priority and api.engine_fields and api.priority else None
+    salt = key.cache_salt if api.engine_fields else None
     extra = [(b"x-request-id", rid)]
     if api.anthropic:
         extra.append((b"request-id", rid))  # where Anthropic's clients read it
@@ -193,7 +219,15 @@ async def _handle(
     ticket = Ticket(
         lane,
         facts.prompt_tokens > lane.pool.gate.limits.long_prompt_tokens,
-        affinity_for(lane, facts, runtime, headers.session_id) if settings.affinity else None,
+        affinity_for(
+            lane,
+            facts,
+            runtime,
+            headers.session_id,
+            engine_token_ids(counter, facts, need, salt) if settings.token_ids else (),
+        )
+        if settings.affinity
+        else None,
         stored.backend if stored is not None else None,  # positional: the pin
     )
     ticket.tenant = key.tenant
@@ -203,7 +237,7 @@ async def _handle(
     if form is not None:
         upstream = audio_upstream_body(body, form, facts, bound)
     else:
-        upstream = upstream_body(facts, bound, priority, key.cache_salt if api.engine_fields else None)
+        upstream = upstream_body(facts, bound, priority, salt)
     observer = runtime.observer
     # A request neither traced nor bringing a trace context carries none upstream.
     untraced = rec.trace is None and rec.client_trace is NO_CLIENT_TRACE

@@ -22,6 +22,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from router.request.apifacts import TEMPLATE_FIELDS
+from router.request.promptids import SimulatorIds, TokenizerIds
 from router.request.tokenizer_source import BY_BACKEND, BY_BYTES, BY_SIMULATOR, TokenizerSource
 from router.request.tokens import (
     PromptCosts,
@@ -77,6 +78,12 @@ class TemplateCount:
         )
 
     def count(self, data: dict[str, Any]) -> int | None:
+        ids = self.encode(data)
+        return None if ids is None else len(ids)
+
+    def encode(self, data: dict[str, Any]) -> list[int] | None:
+        """The prompt's token ids as vLLM's chat route makes them: the template rendered, then
+        encoded without added special tokens (the template writes them)."""
         if not _plain(data):
             return None
         add = data.get("add_generation_prompt", True)
@@ -84,7 +91,8 @@ class TemplateCount:
             text = self.render(data["messages"], add if isinstance(add, bool) else True)
         except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError):
             return None  # vLLM refuses it too, or renders it otherwise: the bound counts it
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
 
 
 def _plain(data: dict[str, Any]) -> bool:
@@ -106,7 +114,9 @@ def _plain(data: dict[str, Any]) -> bool:
 def counter_for(source: TokenizerSource, costs: PromptCosts) -> PromptCounter:
     """The counter a model's tokenizer source calls for."""
     if source.how == BY_SIMULATOR:
-        return SimulatorCounter()
+        sim = SimulatorCounter()
+        sim.ids = SimulatorIds()
+        return sim
     if source.how in (BY_BYTES, BY_BACKEND):
         return PromptCounter(Utf8ByteCounter(), costs, asks_backend=source.how == BY_BACKEND)
     assert source.path is not None
@@ -114,4 +124,6 @@ def counter_for(source: TokenizerSource, costs: PromptCosts) -> PromptCounter:
     chat = None
     if source.template is not None:
         chat = TemplateCount(source.template, source.special or {}, text.tokenizer)
-    return PromptCounter(text, costs, chat=chat)
+    counter = PromptCounter(text, costs, chat=chat)
+    counter.ids = TokenizerIds(text.tokenizer)
+    return counter

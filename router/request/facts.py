@@ -82,6 +82,7 @@ class RequestFacts:
         "roles",
         "sequences",
         "stream",
+        "token_ids",
         "user",
     )
 
@@ -101,6 +102,7 @@ class RequestFacts:
         include_usage: bool,
         body: dict[str, Any],
         output_ceiling: int | None = None,
+        token_ids: list[int] | None = None,
     ) -> None:
         self.endpoint: Final = endpoint
         self.model: Final = model
@@ -117,9 +119,13 @@ class RequestFacts:
         # A ceiling the client must state (Anthropic's `max_tokens`): the router writes its own
         # bound as for a request that states none, at most this (router.request.rewrite).
         self.output_ceiling: Final = output_ceiling
+        # The prompt's token ids, when its count encoded them anyway (a chat template's count):
+        # a `precise_prefix` lane places on them (router/request/promptids.py).
+        self.token_ids: Final = token_ids
 
     def with_prompt_tokens(self, prompt_tokens: int) -> RequestFacts:
-        """The same facts with another prompt length (a stored conversation's turns added)."""
+        """The same facts with another prompt length (a stored conversation's turns added): the
+        prompt is no longer the body's, so it has no token ids."""
         return RequestFacts(
             endpoint=self.endpoint,
             model=self.model,
@@ -161,10 +167,12 @@ def parse_facts(endpoint: Endpoint, body: bytes, counters: PromptCounter | Count
     stream = _opt_bool(data, "stream")
     roles: tuple[str, ...] = ()
     templated: int | None = None
+    token_ids: list[int] | None = None
     if endpoint == "chat" and counter.chat is not None:
         # Checked by the pass below at no cost, then counted whole by the model's chat template.
         text, roles, tool_messages, prompt_tokens = _chat_prompt(data, _UNCOUNTED)
-        templated = counter.chat.count(data)
+        token_ids = counter.chat.encode(data)
+        templated = None if token_ids is None else len(token_ids)
         prompts = 1
         if templated is None:
             prompt_tokens = _chat_prompt(data, counter)[3]
@@ -210,6 +218,7 @@ def parse_facts(endpoint: Endpoint, body: bytes, counters: PromptCounter | Count
         user=_opt_str(data, "user") if "user" in data else None,
         include_usage=_include_usage(data) if "stream_options" in data else False,
         body=data,
+        token_ids=token_ids,
     )
 
 

@@ -77,6 +77,17 @@ class ChatCount(Protocol):
 
     def count(self, data: dict[str, Any]) -> int | None: ...
 
+    def encode(self, data: dict[str, Any]) -> list[int] | None:
+        """The prompt's token ids (their number is `count`), or None where `count` is."""
+        ...
+
+
+class PromptIds(Protocol):
+    """A model's prompt token ids as its engine computes them, for the bodies they can be known
+    exactly from (router/request/promptids.py); None for the others."""
+
+    def of(self, endpoint: str, data: dict[str, Any]) -> list[int] | None: ...
+
 
 class Utf8ByteCounter:
     """One token per UTF-8 byte: an upper bound for byte-level BPE tokenizers."""
@@ -149,6 +160,9 @@ class PromptCounter:
         self._text = text
         self.costs = costs
         self.chat = chat  # the chat template's exact count, where the model has one
+        # The prompt's token ids, where the model's tokenizer (or the simulator's rule) gives
+        # them: asked only for `precise_prefix` lanes' requests (router/proxy/handler.py).
+        self.ids: PromptIds | None = None
         # The byte bound of a model without a tokenizer: the backends count where it decides.
         self.asks_backend = asks_backend
         # The shortest prompt length the model's profile decides anything at (a key's tpm aside):

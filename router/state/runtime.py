@@ -333,9 +333,11 @@ def _reconfigure_lane(lane: Lane, lc: LaneConfig, pool: Pool, metrics: Metrics) 
 
 def _balancer(lc: LaneConfig, pool: Pool, metrics: Metrics) -> Balancer:
     hits = metrics.prefix_affinity_hits.labels(pool.name)
-    return make_balancer(
-        lc.balance, BalanceHooks(on_affinity_hit=hits.inc, cached_tokens=pool.kv.cached_tokens)
+    estimated = metrics.precise_prefix_estimated.labels(pool.name)
+    hooks = BalanceHooks(
+        on_affinity_hit=hits.inc, cached_tokens=pool.kv.cached_tokens, on_estimated=estimated.inc
     )
+    return make_balancer(lc.balance, hooks)
 
 
 def _same_prefix_policy(previous: Runtime, cfg: ProfileConfig) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from router.fleet.kvfollow import StreamMetrics
 from router.observe.metrics import Metrics
 from tests.deploy.promql import (
     SYNTHETIC,
@@ -36,7 +37,9 @@ def promtool() -> str:
 
 @pytest.fixture(scope="module")
 def families() -> dict[str, Family]:
-    return registry_families(Metrics().registry)
+    metrics = Metrics()
+    metrics.registry.register(StreamMetrics(lambda: ()))  # the KV event streams' families
+    return registry_families(metrics.registry)
 
 
 def rules() -> list[dict[str, Any]]:

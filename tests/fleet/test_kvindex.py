@@ -4,7 +4,10 @@ holds of a prompt, and the memory a block costs."""
 from __future__ import annotations
 
 import gc
+import os
 import random
+import subprocess
+import sys
 import tracemalloc
 
 from router.fleet.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
@@ -110,6 +113,8 @@ def _chain(n: int, sha256: bool) -> list[BlockStored]:
 
 def test_a_block_costs_at_most_the_stated_bytes() -> None:
     # 43 691 blocks: just past the size at which both dicts double, the costliest point per block.
+    # The keys' multipliers of the chain's positions are the process's, drawn once: not counted.
+    BlockIndex().apply(_chain(43_691, False))
     for sha256 in (False, True):
         tracemalloc.start()
         try:
@@ -124,3 +129,57 @@ def test_a_block_costs_at_most_the_stated_bytes() -> None:
             tracemalloc.stop()
         assert len(index) == 43_691
         assert per_block <= BYTES_PER_BLOCK, (sha256, per_block)
+
+
+def test_token_ids_past_32_bits_are_indexed() -> None:
+    # The simulator's ids: a chunk's 33 bits, a role's salt up to bit 62.
+    prompt = [(1 << 62) + 5, (1 << 32) + 1, 7, 8, 9, 10, 11, 12]
+    index = BlockIndex()
+    index.apply([store([1, 2], None, prompt)])
+    assert held(index, prompt) == 8
+
+
+def test_token_ids_no_engine_has_make_no_keys() -> None:
+    assert chain_keys([1, 2, 3, 1 << 64], BS) == []
+    assert chain_keys([1, 2, -3, 4], BS) == []
+    index = BlockIndex()
+    index.apply([store([1], None, [1, 2, 3, 1 << 64])])
+    assert (len(index), index.skipped) == (0, 1)
+
+
+def test_the_order_of_blocks_is_part_of_the_key() -> None:
+    a, b = tokens(4), tokens(4, start=50)
+    index = BlockIndex()
+    index.apply([store([1, 2], None, a + b)])
+    assert held(index, b + a) == 0
+    assert held(index, a + a) == 4
+    assert chain_keys(a + b, BS)[0] == chain_keys(a + a, BS)[0]
+    assert len(set(chain_keys(a + b, BS) + chain_keys(b + a, BS))) == 4
+
+
+def test_a_process_of_a_fixed_hash_seed_keys_with_its_own_secret() -> None:
+    # Its SipHash key is known to anyone: the keys come from a secret of the process instead.
+    script = (
+        "from router.fleet import kvindex\n"
+        "from router.fleet.kvevents import BlockStored\n"
+        "assert kvindex._block_hashes is kvindex._blake2b_blocks\n"
+        "index = kvindex.BlockIndex()\n"
+        "toks = tuple(range(12))\n"
+        "index.apply([BlockStored(block_hashes=(1, 2), parent_block_hash=None, token_ids=toks[:8],"
+        " block_size=4, plain=True)])\n"
+        "index.apply([BlockStored(block_hashes=(3,), parent_block_hash=2, token_ids=toks[8:],"
+        " block_size=4, plain=True)])\n"
+        "assert index.cached_tokens(kvindex.chain_keys(list(toks), 4)) == 12\n"
+        "print(kvindex.chain_keys(list(toks), 4))\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": "7"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
+    assert runs[0] != runs[1]  # a secret of each process, not of the seed

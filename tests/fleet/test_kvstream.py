@@ -225,3 +225,43 @@ async def test_a_lost_publisher_hides_the_index_until_it_is_back() -> None:
         pub.close(linger=0)
         ctx.term()
     assert not stream.connected
+
+
+async def test_an_engine_restarted_past_its_old_sequence_while_away_keeps_none_of_its_old_blocks() -> None:
+    """The restarted engine's sequence went beyond the old one before the router reconnected,
+    so no sequence number says it restarted: the disconnection itself makes the index start
+    again, rebuilt from the new engine's replay buffer."""
+    ctx = zmq.asyncio.Context()
+    pub, replay = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
+    tasks: list[asyncio.Task[None]] = []
+    stream = Stream()
+    try:
+        pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+        replay_port = replay.bind_to_random_port("tcp://127.0.0.1")
+        tasks.append(start(ctx, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", stream))
+        assert await asyncio.wait_for(pub.recv(), 20) == b"\x01"
+        old = stored(0, [1, 2], None, 0)  # the old engine held tokens 0..7
+        await pub.send_multipart([b"", (0).to_bytes(8, "big"), payload(old)])
+        await wait_for(lambda: held(stream, 8) == 8, "old blocks applied")
+
+        pub.close(linger=0)
+        await wait_for(lambda: not stream.connected, "disconnection seen")
+        # The new engine has published batches 0..5 of other tokens, kept in its replay buffer.
+        history = [stored(i, [100 + i], None, 1000 + 4 * i) for i in range(6)]
+        buffer = [(b.seq, payload(b)) for b in history]
+        tasks.append(asyncio.create_task(serve_replay(replay, buffer)))
+        pub = ctx.socket(zmq.XPUB)
+        pub.bind(f"tcp://127.0.0.1:{pub_port}")
+        assert await asyncio.wait_for(pub.recv(), 30) == b"\x01"
+        await pub.send_multipart([b"", (6).to_bytes(8, "big"), payload(stored(6, [106], None, 1024))])
+        await wait_for(lambda: stream.last_seq == 6, "the new engine's history replayed")
+        assert held(stream, 8) == 0
+        assert stream.index.cached_tokens(chain_keys(list(range(1000, 1004)), BS)) == BS
+        assert stream.resets == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pub.close(linger=0)
+        replay.close(linger=0)
+        ctx.term()

@@ -23,6 +23,13 @@ DOCUMENTED = {
     "lane_router_slow_clients": "counter",
     "lane_router_stream_buffer_bytes": "gauge",
     "lane_router_prefix_affinity_hits": "counter",
+    "lane_router_precise_prefix_estimated": "counter",
+    "lane_router_kv_events_connected": "gauge",
+    "lane_router_kv_events_blocks": "gauge",
+    "lane_router_kv_events_batches": "counter",
+    "lane_router_kv_events_gaps": "counter",
+    "lane_router_kv_events_resets": "counter",
+    "lane_router_kv_events_malformed": "counter",
     "lane_router_config_reloads": "counter",
     "lane_router_auth_failures": "counter",
 }

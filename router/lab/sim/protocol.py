@@ -14,7 +14,8 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import BadRequest, NotFound, RouterError
-from router.lab.sim.token_ids import FILLER_WORDS, chat_token_ids, filler_token, text_token_ids
+from router.lab.sim.token_ids import FILLER_WORDS, chat_token_ids, filler_token
+from router.request.simtokens import completion_token_ids
 
 Kind = Literal["chat", "completion"]
 
@@ -125,18 +126,10 @@ def _chat_prompt(body: Mapping[str, Any]) -> list[int]:
 
 
 def _completion_prompt(body: Mapping[str, Any]) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text_token_ids(prompt)
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return list(prompt)
-    raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one of those.")
+    ids = completion_token_ids(body.get("prompt"))
+    if ids is None:
+        raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one of those.")
+    return ids
 
 
 def output_text(seed: int, start: int, stop: int) -> str:

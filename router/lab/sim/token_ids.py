@@ -1,28 +1,23 @@
-"""Deterministic text → token ids, consistent with the router's prompt-size heuristic.
-
-The simulator has no real tokenizer. It cuts text into 4-character chunks and gives each chunk an
-id that depends only on its characters (the chunk's 4 bytes when it is ASCII, a CRC-32
-otherwise), so that
-
-* the token count of a text is exactly `estimate_text_tokens(text)` — the same "≈4 characters per
-  token" estimate of `router.request.tokens`, where it is defined;
-* equal text prefixes give equal leading token ids (a chunk's id depends only on its characters),
-  which is what makes repeated prefixes hit the prefix cache;
-* the result is identical across processes (no use of Python's salted `hash`).
-
-The last token of a text absorbs the 0–3 characters left over, like a real tokenizer whose last
-token differs when the text is extended.
+"""Deterministic text → token ids, consistent with the router's prompt-size heuristic: the
+algorithm is router/request/simtokens.py's (the router works out the same ids for a
+`precise_prefix` lane); generated text is made of the filler words below.
 """
 
 from __future__ import annotations
 
-import sys
-import zlib
-from array import array
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-from router.request.tokens import CHARS_PER_TOKEN, estimate_text_tokens, message_text
+from router.request.simtokens import chat_token_ids, chunk_id, text_token_ids
+
+__all__ = [
+    "FILLER_IDS",
+    "FILLER_STRIDE",
+    "FILLER_WORDS",
+    "chat_token_ids",
+    "detokenize",
+    "filler_token",
+    "text_token_ids",
+]
 
 # Generated text is made of these 4-character words, so re-tokenizing an answer that starts on a
 # chunk boundary yields the same ids and the same count.
@@ -62,55 +57,7 @@ FILLER_WORDS: tuple[str, ...] = (
 )
 
 
-_SALT_MASK = (1 << 30) - 1
-
-_NATIVE_UINT32_LE = array("I").itemsize == 4 and sys.byteorder == "little"
-
-
-def _chunk_id(chunk: str) -> int:
-    raw = chunk.encode("utf-8", "surrogatepass")
-    if len(raw) == CHARS_PER_TOKEN:
-        return int.from_bytes(raw, "little")
-    return zlib.crc32(raw) | 1 << 32  # outside the 4-byte range: never equal to a plain chunk
-
-
-def text_token_ids(text: str, *, salt: int = 0) -> list[int]:
-    """Token ids of `text`; `len(result) == estimate_text_tokens(text)`. A nonzero `salt`
-    changes the first id only, which (through the chained block hashes) changes the identity of
-    everything after it, as a role marker would."""
-    n = estimate_text_tokens(text)
-    step = CHARS_PER_TOKEN
-    body_chars = (n - 1) * step
-    raw = text[:body_chars].encode("utf-8", "surrogatepass")
-    if len(raw) == body_chars:
-        # ASCII: every 4-character chunk is 4 bytes, read as one little-endian uint32 each.
-        if _NATIVE_UINT32_LE:
-            ids = array("I", raw).tolist()
-        else:
-            ids = [int.from_bytes(raw[i : i + step], "little") for i in range(0, body_chars, step)]
-    else:
-        ids = [_chunk_id(text[i : i + step]) for i in range(0, body_chars, step)]
-    ids.append(_chunk_id(text[body_chars:]))
-    if salt:
-        # Above a chunk's 33 bits yet below 63: an id stays a JSON integer every reader takes.
-        ids[0] ^= (salt & _SALT_MASK) << 33
-    return ids
-
-
-def _role_salt(role: str) -> int:
-    # The role changes the ids (as a chat template's role markers would) but not the count.
-    return zlib.crc32(role.encode())
-
-
-def chat_token_ids(messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Token ids of a chat prompt; the count equals `estimate_messages_tokens(messages)`."""
-    ids: list[int] = []
-    for message in messages:
-        ids.extend(text_token_ids(message_text(message), salt=_role_salt(str(message.get("role")))))
-    return ids
-
-
-FILLER_IDS: tuple[int, ...] = tuple(_chunk_id(w) for w in FILLER_WORDS)
+FILLER_IDS: tuple[int, ...] = tuple(chunk_id(w) for w in FILLER_WORDS)
 
 
 FILLER_STRIDE = 7
