@@ -63,17 +63,17 @@ def _pool_report(pool: Pool) -> dict[str, Any]:
         "server_configuration_hash": pool.config_hash,
         "vllm_version": pool.config.vllm.version,
         "max_model_len": pool.config.vllm.max_model_len,
-        "backends": [_backend_report(b) for b in pool.backends],
-        "joining": [_backend_report(b) for b in pool.joining],
-        "draining": [_backend_report(b) for b in pool.draining],
+        "backends": [_backend_report(pool, b) for b in pool.backends],
+        "joining": [_backend_report(pool, b) for b in pool.joining],
+        "draining": [_backend_report(pool, b) for b in pool.draining],
     }
     if pool.config.discovery is not None:
         report["discovery"] = _discovery_report(pool)
     return report
 
 
-def _backend_report(b: Backend) -> dict[str, Any]:
-    return {
+def _backend_report(pool: Pool, b: Backend) -> dict[str, Any]:
+    report: dict[str, Any] = {
         "index": b.index,
         "url": b.name,
         "health": b.health.value,
@@ -84,6 +84,10 @@ def _backend_report(b: Backend) -> dict[str, Any]:
         "adapters": [name for name, _ in b.adapters],
         "loading_adapters": sorted(b.loading),
     }
+    stream = pool.kv.streams.get(b.name)
+    if stream is not None:  # its engine's KV events are followed (router/fleet/kvfollow.py)
+        report["kv_events"] = {"connected": stream.all_connected, "blocks": len(stream.index)}
+    return report
 
 
 def _discovery_report(pool: Pool) -> dict[str, Any]:

@@ -30,7 +30,9 @@ BlockHash = int | bytes
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
 # A payload larger than this is refused unread; vLLM's batches hold one scheduler step's events.
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
-_MAX_TOKEN: Final = 2**32  # token ids are keyed as 4-byte unsigned ints (router/fleet/kvindex.py)
+# Token ids are keyed as 8-byte unsigned ints (router/fleet/kvindex.py): a real vocabulary needs
+# fewer than 4, the simulator's salted ids more.
+_MAX_TOKEN: Final = 2**64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -50,6 +51,7 @@ CHECK_EVERY_S: Final = 1.0  # how soon a backend that joined or left is followed
 ASK_TIMEOUT_S: Final = 5.0
 RETRY_FIRST_S: Final = 1.0  # a backend that does not list publishers yet is asked again…
 RETRY_MAX_S: Final = 30.0  # …doubling the wait up to this
+FAULT_RETRY_S: Final = 5.0  # a backend whose following failed is taken up again after this
 
 
 @dataclass(eq=False)
@@ -78,15 +80,17 @@ def wanted(runtime: Runtime) -> dict[tuple[str, str], tuple[Pool, KVEventsConfig
 
 
 def _ended(following: Following) -> bool:
-    """The backend's task stopped by itself (it only ends by a fault): it is started again."""
+    """The backend's task stopped by itself (it only ends by a fault): it is started again, after
+    FAULT_RETRY_S."""
     task = following.task
     if task is None or not task.done() or task.cancelled():
         return False
     fault = task.exception()
     log.error(
-        "pool %s: following %s's KV events failed; starting again",
+        "pool %s: following %s's KV events failed; starting again in %.0fs",
         following.pool.name,
         following.backend,
+        FAULT_RETRY_S,
         exc_info=fault,
     )
     return True
@@ -102,6 +106,7 @@ class KVFollower:
         self._metrics = metrics
         self._check_every_s = check_every_s
         self._following: dict[tuple[str, str], Following] = {}
+        self._failed: dict[tuple[str, str], float] = {}  # when following failed (monotonic)
         self._stopping: set[asyncio.Task[None]] = set()
         self._probes = ProbeClient()
         self._ctx: zmq.asyncio.Context | None = None
@@ -135,22 +140,31 @@ class KVFollower:
     async def _loop(self) -> None:
         while True:
             runtime = self._current()
-            self.reconcile(runtime)
+            try:
+                self.reconcile(runtime)
+            except Exception:  # a fault in one round must not stop the fleet being followed
+                log.exception("following the engines' KV events failed this round")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runtime.superseded.wait(), self._check_every_s)
 
     def reconcile(self, runtime: Runtime) -> None:
         """Follow the backends `wanted` names and no other."""
         want = wanted(runtime)
+        self._failed = {key: at for key, at in self._failed.items() if key in want}
         for key, following in list(self._following.items()):
             target = want.get(key)
             if target is None or target[0] is not following.pool or target[1] != following.config:
                 self._let_go(following)
             elif _ended(following):
-                self._let_go(following)  # taken up again below
+                self._let_go(following)
+                self._failed[key] = time.monotonic()
+        now = time.monotonic()
         for key, (pool, cfg) in want.items():
-            if key not in self._following:
-                self._take_up(pool, key[1], cfg)
+            failed = self._failed.get(key)
+            if key in self._following or (failed is not None and now - failed < FAULT_RETRY_S):
+                continue
+            self._failed.pop(key, None)
+            self._take_up(pool, key[1], cfg)
 
     def _take_up(self, pool: Pool, backend: str, cfg: KVEventsConfig) -> None:
         assert self._ctx is not None

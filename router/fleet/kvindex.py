@@ -33,7 +33,8 @@ does not hold (its store was missed) cannot be keyed and is skipped.
 Memory: per block one entry in each of two dicts, an integer key and vLLM's hash;
 `BYTES_PER_BLOCK` is the measured bound (tests/fleet/test_kvindex.py). The multipliers are the
 process's, one per block position of the longest chain met (about 44 bytes each: 360 KB for a
-131,072-token prompt in blocks of 16). `max_blocks` caps an index;
+131,072-token prompt in blocks of 16), at most `MAX_CHAIN_BLOCKS`: a prompt is keyed, and a chain
+indexed, up to that many blocks. `max_blocks` caps an index;
 past it the oldest stored blocks are forgotten first (an engine evicts its own, so the cap binds
 only when removals were lost).
 """
@@ -57,8 +58,11 @@ from router.fleet.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, Blo
 BYTES_PER_BLOCK: Final = 240
 DEFAULT_MAX_BLOCKS: Final = 1 << 20  # ≈ 240 MiB per backend at worst; a vLLM GPU cache holds far fewer
 
-POSITION_BITS: Final = 20  # a key's low bits: its block's number in the prompt (≤ 2^20 − 1 blocks)
+POSITION_BITS: Final = 20  # a key's low bits: its block's number in the prompt
 _POSITION: Final = (1 << POSITION_BITS) - 1
+# The most leading blocks of a prompt keyed (2M tokens in blocks of 16): bounds the process's
+# multipliers and slices, whatever length a client sends.
+MAX_CHAIN_BLOCKS: Final = 1 << 17
 _TOKEN: Final = "Q"  # tokens as unsigned 64-bit (the simulator's ids use more than 32 bits)
 _TOKEN_BYTES: Final = 8
 _ROOT: Final = 0  # the key "before" a prompt's first block: no blocks, an empty sum
@@ -71,7 +75,7 @@ _SIPHASH_SECRET: Final = os.environ.get("PYTHONHASHSEED", "random") == "random"
 def chain_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
     """The router's keys of a prompt's full blocks, in order; a partial last block has none
     (vLLM caches full blocks only). A token id no engine has (negative, past 64 bits) makes no keys."""
-    n = min(len(token_ids) // block_size, _POSITION)
+    n = min(len(token_ids) // block_size, MAX_CHAIN_BLOCKS)
     try:
         raw = array(_TOKEN, token_ids[: n * block_size]).tobytes()
     except OverflowError:
@@ -89,9 +93,15 @@ def _chain(raw: bytes, block_size: int, parent: int, n: int) -> list[int]:
     return keys
 
 
-@functools.lru_cache(maxsize=256)
-def _slices(n: int, step: int) -> tuple[slice, ...]:
-    return tuple(slice(i * step, (i + 1) * step) for i in range(n))
+_SLICES: Final[dict[int, list[slice]]] = {}
+
+
+def _slices(n: int, step: int) -> list[slice]:
+    """The first `n` blocks' slices of a byte string of blocks of `step` bytes."""
+    made = _SLICES.setdefault(step, [])
+    if len(made) < n:
+        made.extend(slice(i * step, (i + 1) * step) for i in range(len(made), n))
+    return made[:n]
 
 
 _MULTIPLIERS: Final[list[int]] = []
@@ -163,7 +173,9 @@ class BlockIndex:
                 self.skipped += len(event.block_hashes)
                 return
             parent = found
-        n = len(event.block_hashes)
+        hashes = event.block_hashes
+        n = max(0, min(len(hashes), MAX_CHAIN_BLOCKS - (parent & _POSITION)))
+        self.skipped += len(hashes) - n  # past the longest prompt keyed
         try:
             raw = array(_TOKEN, event.token_ids[: n * event.block_size]).tobytes()
         except OverflowError:
@@ -171,7 +183,7 @@ class BlockIndex:
         if len(raw) != n * event.block_size * _TOKEN_BYTES:
             self.skipped += n  # token ids no prompt can have, or fewer than the blocks hold
             return
-        for vllm_hash, key in zip(event.block_hashes, _chain(raw, event.block_size, parent, n), strict=True):
+        for vllm_hash, key in zip(hashes[:n], _chain(raw, event.block_size, parent, n), strict=True):
             if vllm_hash not in self._by_hash:
                 self._add(vllm_hash, key)
 

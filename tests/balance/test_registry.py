@@ -30,6 +30,8 @@ def _issues(**lanes: object) -> list[str]:
 def test_each_strategy_builds_from_its_plain_name(name: str) -> None:
     data = profile(["http://127.0.0.1:9301"], ["http://127.0.0.1:9302"])
     data["lanes"]["chat"]["balance"] = name
+    if STRATEGIES[name].token_ids:
+        data["tokenizer"] = "simulator"  # a model whose token ids the router can work out
     settings = parse_profile(data).lanes[RequestClass.CHAT].balance
     assert settings.strategy == name and strategy(settings) is STRATEGIES[name]
     balancer = make_balancer(settings)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,7 +32,10 @@ from router.lab.sim.serve import EngineSpec, SimCluster
 from router.lab.sim.server import ServerSettings
 from router.lab.sim.token_ids import text_token_ids
 from router.lanes.lane import Lane
+from router.proxy.handler import affinity_for as handler_affinity
+from router.proxy.handler import engine_token_ids
 from router.request.facts import parse_facts
+from router.request.fields import Endpoint
 from router.request.tokens import Counters, make_counter
 from router.server import build_state
 from router.state.live import RouterState
@@ -197,40 +201,49 @@ async def test_a_prompt_goes_to_the_engine_holding_its_prefix_where_rendezvous_p
 async def test_a_lost_publisher_is_placed_by_approximation_and_a_restarted_engine_starts_empty() -> None:
     ports = free_ports(6)
     kv_ports = [(ports[2], ports[3]), (ports[4], ports[5])]
-    steady = SimCluster([engine(ports[0], kv_ports[0])])
     urls = [f"http://127.0.0.1:{p}" for p in ports[:2]]
-    async with steady, router_for(precise_profile(urls)) as (state, watch):
-        leaving = SimCluster([engine(ports[1], kv_ports[1])])
-        await leaving.start()
-        try:
-            await watch.connected(urls[1])
-            await serve_directly(urls[1], prompt("Summarise the lease."))
+    gone = urls[1]
+    data = precise_profile(urls)
+    # Probed once, before the router listens: the engine that goes away stays a candidate, so
+    # placement has to judge it without its stream.
+    data["health"]["interval_s"] = 3600
+    leaving = SimCluster([engine(ports[1], kv_ports[1])])
+    await leaving.start()
+    try:
+        async with SimCluster([engine(ports[0], kv_ports[0])]), router_for(data) as (state, watch):
+            await watch.connected(gone)
+            await serve_directly(gone, prompt("Summarise the lease."))
             await watch.until(
-                "lane_router_kv_events_blocks", lambda v: (v or 0) > 0, pool="interactive", backend=urls[1]
+                "lane_router_kv_events_blocks", lambda v: (v or 0) > 0, pool="interactive", backend=gone
             )
-        finally:
             await leaving.stop()
-        await watch.connected(urls[1], up=False)
+            await watch.connected(gone, up=False)
 
-        lane = state.runtime.lanes["chat"]
-        ids = text_token_ids(prompt("Who repairs the roof?"))
-        assert lane.pool.kv.cached_tokens(urls, ids)[urls[1]] is None
-        pick(lane, prompt("Who repairs the roof?"))
-        estimated = await watch.get("lane_router_precise_prefix_estimated_total", pool="interactive")
-        assert estimated is not None and estimated >= 1
+            lane = state.runtime.lanes["chat"]
+            assert [b.name for b in lane.pool.routable()] == urls
+            ids = text_token_ids(prompt("Who repairs the roof?"))
+            assert lane.pool.kv.cached_tokens(urls, ids) == {urls[0]: 0, gone: None}
+            pick(lane, prompt("Who repairs the roof?"))
+            estimated = await watch.get("lane_router_precise_prefix_estimated_total", pool="interactive")
+            assert estimated == 1
 
-        # The engine comes back, restarted: its sequence starts again and its index is emptied.
-        back = SimCluster([engine(ports[1], kv_ports[1])])
-        await back.start()
-        try:
-            await watch.connected(urls[1])
-            await serve_directly(urls[1], "An unrelated question, asked twenty times over. " * 20)
-            await watch.until(
-                "lane_router_kv_events_resets_total", lambda v: v == 1.0, pool="interactive", backend=urls[1]
-            )
-            assert lane.pool.kv.cached_tokens(urls, ids)[urls[1]] == 0
-        finally:
-            await back.stop()
+            # The engine comes back, restarted: nothing it held before is credited to it.
+            async with SimCluster([engine(ports[1], kv_ports[1])]):
+                await watch.connected(gone)
+                await serve_directly(gone, "An unrelated question, asked twenty times over. " * 20)
+                await watch.until(
+                    "lane_router_kv_events_blocks",
+                    lambda v: (v or 0) > 0,
+                    pool="interactive",
+                    backend=gone,
+                )
+                assert lane.pool.kv.cached_tokens(urls, ids)[gone] == 0
+                resets = await watch.get(
+                    "lane_router_kv_events_resets_total", pool="interactive", backend=gone
+                )
+                assert resets == 1
+    finally:
+        await leaving.stop()
 
 
 async def test_reloads_follow_backends_that_join_and_leave_and_keep_the_index_of_those_kept(
@@ -253,6 +266,9 @@ async def test_reloads_follow_backends_that_join_and_leave_and_keep_the_index_of
             assert (await state.reload("test")).ok
             await watch.connected(joining)
             assert pool.kv.streams[kept] is stream and len(stream.index) == blocks
+            admin = await watch.client.get(watch.router + "/admin/lanes", headers=auth("ops"))
+            listed = {b["url"]: b.get("kv_events") for b in admin.json()["pools"]["interactive"]["backends"]}
+            assert listed[kept] == {"connected": True, "blocks": blocks}
 
             write(path, precise_profile([kept]))
             assert (await state.reload("test")).ok
@@ -377,3 +393,64 @@ async def test_discovery_brings_backends_whose_streams_are_followed_and_let_go(t
                 "lane_router_kv_events_connected", lambda v: v is None, pool="interactive", backend=origins[1]
             )
             assert set(kv.streams) == {origins[0]}
+
+
+async def test_a_backend_listing_no_publisher_is_asked_again_until_its_engine_publishes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    silent = SimCluster([dataclasses.replace(engine(port), kv_events=None)])
+    async with silent, router_for(precise_profile([url])) as (state, watch):
+        await until(
+            lambda: _said(caplog, "lists no KV event publisher"), "the backend without events is reported"
+        )
+        assert await watch.get("lane_router_kv_events_connected", pool="interactive", backend=url) == 0
+        ids = text_token_ids(prompt("Who repairs the roof?"))
+        assert state.runtime.pools["interactive"].kv.cached_tokens([url], ids) == {url: None}
+        await silent.stop()  # restarted with its KV events on
+        async with SimCluster([engine(port)]):
+            await watch.connected(url)
+
+
+async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
+
+
+def routed_to(state: RouterState, endpoint: Endpoint, body: dict[str, Any]) -> Backend:
+    """Where the chat lane would place this body now, keyed and tokenized as the handler does."""
+    runtime = state.runtime
+    lane = runtime.lanes["chat"]
+    facts = parse_facts(endpoint, orjson.dumps(body), runtime.counters)
+    ids = engine_token_ids(runtime.counters.get(MODEL), facts, None, None)
+    return lane.balancer.pick(lane.pool.routable(), handler_affinity(lane, facts, runtime, token_ids=ids))
+
+
+async def test_a_chat_request_reaches_the_engine_holding_its_conversations_blocks() -> None:
+    async with (
+        SimCluster([engine(), engine()], note_deliveries=True) as cluster,
+        router_for(precise_profile(cluster.urls)) as (state, watch),
+    ):
+        for url in cluster.urls:
+            await watch.connected(url)
+        system = {"role": "system", "content": DOCUMENT}
+        asked = {"model": MODEL, "messages": [system, {"role": "user", "content": "Who repairs the roof?"}]}
+        rendezvous = routed_to(state, "chat", asked)
+        holder = 1 - cluster.urls.index(rendezvous.name)
+        earlier = {"model": MODEL, "messages": [system, {"role": "user", "content": "Summarise it."}]}
+        async with httpx.AsyncClient(base_url=cluster.urls[holder], timeout=30) as http:
+            assert (
+                await http.post("/v1/chat/completions", json={**earlier, "max_tokens": 2})
+            ).status_code == 200
+        await watch.until(
+            "lane_router_kv_events_blocks",
+            lambda v: (v or 0) >= len(DOCUMENT) // 4 // BLOCK,
+            pool="interactive",
+            backend=cluster.urls[holder],
+        )
+
+        url = watch.router + "/v1/chat/completions"
+        for _ in range(3):
+            reply = await watch.client.post(url, json={**asked, "max_tokens": 2}, headers=auth("user"))
+            assert reply.status_code == 200, reply.text
+        assert [len(cluster.deliveries(i)) for i in range(2)] == [3 if i == holder else 0 for i in range(2)]

@@ -11,7 +11,7 @@ import sys
 import tracemalloc
 
 from router.fleet.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
-from router.fleet.kvindex import BYTES_PER_BLOCK, BlockIndex, chain_keys
+from router.fleet.kvindex import BYTES_PER_BLOCK, MAX_CHAIN_BLOCKS, BlockIndex, chain_keys
 
 BS = 4
 
@@ -183,3 +183,14 @@ def test_a_process_of_a_fixed_hash_seed_keys_with_its_own_secret() -> None:
         for _ in range(2)
     ]
     assert runs[0] != runs[1]  # a secret of each process, not of the seed
+
+
+def test_a_chain_is_keyed_up_to_the_longest_prompt_keyed() -> None:
+    prompt = tokens((MAX_CHAIN_BLOCKS + 2) * BS)
+    keys = chain_keys(prompt, BS)
+    assert len(keys) == MAX_CHAIN_BLOCKS
+    index = BlockIndex()
+    hashes = list(range(1, MAX_CHAIN_BLOCKS + 3))
+    index.apply([store(hashes, None, prompt)])
+    assert (len(index), index.skipped) == (MAX_CHAIN_BLOCKS, 2)
+    assert index.cached_tokens(keys) == MAX_CHAIN_BLOCKS * BS

@@ -10,11 +10,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from router.fleet.adapters import AdapterNeed
 from router.fleet.kvevents import BlockStored
 from router.fleet.kvstream import Stream
 from router.lab.sim.protocol import parse_generation
+from router.proxy.handler import engine_token_ids
+from router.request.chattemplate import counter_for
+from router.request.facts import parse_facts
+from router.request.tokenizer_source import find_tokenizer
+from router.request.tokens import PromptCosts
 from tests.conftest import Stack, router_stack
 from tests.request.test_tokenizer_source import TOKENIZER, model_dir
 from tests.support.profiles import MODEL, auth, profile
@@ -27,6 +34,9 @@ INTERACTIVE = ("chat", "rag", "agent", "slow_stream")
 def _precise(tokenizer: str) -> Callable[[list[str]], dict[str, Any]]:
     def shape(urls: list[str]) -> dict[str, Any]:
         data = profile(urls, tokenizer=tokenizer)
+        # The test sets each backend's stream itself: the pool follows no publisher of its own
+        # (whose /kv_event_sources questions the fake backends would count as requests).
+        data["pools"]["interactive"]["kv_events"] = {"follow": False}
         for cls in INTERACTIVE:
             data["lanes"][cls]["balance"] = {"strategy": "precise_prefix"}
         return data
@@ -132,3 +142,20 @@ async def test_only_precise_prefix_lanes_work_out_token_ids(tmp_path: Path) -> N
         places = {name for name, lane in lanes.items() if lane.settings.token_ids}
         assert places == set(INTERACTIVE)
         assert not lanes["long_context"].settings.token_ids
+
+
+def test_a_prompt_whose_blocks_the_engine_keys_with_more_than_its_tokens_has_no_ids(tmp_path: Path) -> None:
+    counter = counter_for(find_tokenizer("m", str(model_dir(tmp_path)), None, {}), PromptCosts())
+    chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": TEXT}]})
+    facts = parse_facts("chat", chat, counter)
+    assert facts.token_ids
+
+    assert engine_token_ids(counter, facts, None, None) == facts.token_ids
+    assert engine_token_ids(counter, facts, AdapterNeed("sql-lora", None, True), None) == ()
+    assert engine_token_ids(counter, facts, None, "tenant-salt") == ()
+    salted = orjson.dumps({"model": "m", "prompt": TEXT, "cache_salt": "mine"})
+    assert engine_token_ids(counter, parse_facts("completions", salted, counter), None, None) == ()
+    plain = orjson.dumps({"model": "m", "prompt": TEXT})
+    assert engine_token_ids(counter, parse_facts("completions", plain, counter), None, None) == (
+        TOKENIZER.encode(TEXT, add_special_tokens=True).ids
+    )

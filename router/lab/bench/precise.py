@@ -105,7 +105,7 @@ def template_line(model: Path, tokens: int) -> str:
     words = "the harbour master records each vessel that enters the port at dawn and at dusk "
     system = {"role": "system", "content": "You answer from the documents."}
     copies = 64
-    while True:  # as many copies of the words as make the prompt `tokens` long, near enough
+    for _ in range(8):  # as many copies of the words as make the prompt `tokens` long, near enough
         body = {"messages": [system, {"role": "user", "content": words * copies}]}
         n = chat.count(body) or 0
         if abs(n - tokens) <= tokens // 50:
