@@ -34,8 +34,8 @@ BLAKE2b keyed by the keyer's secret instead (slower).
 Token ids are keyed as unsigned 32-bit integers, as every real vocabulary's (and the simulator's)
 fit: a prompt holding an id past 32 bits makes no keys from the chunk holding it on, and a stored
 block holding one is not indexed (the decoder accepts ids up to 64 bits; such blocks are counted
-`skipped`). A lookup keys the prompt CHUNK_TOKENS tokens at a time and stops after the first chunk
-no backend holds whole: a prompt no backend holds costs one chunk's keying.
+`skipped`). A lookup keys the prompt's first CHUNK_TOKENS tokens, and the rest only when some
+backend holds all of those: a prompt no backend holds costs that chunk's keying.
 
 Only `plain` blocks are indexed (no LoRA, multimodal or prompt-embedding extra keys, GPU tier,
 first cache group; a cache salt on a chain's first block is keyed as its root): those are what a
@@ -76,7 +76,7 @@ _POSITION: Final = (1 << POSITION_BITS) - 1
 MAX_CHAIN_BLOCKS: Final = 1 << 17
 _TOKEN: Final = "I"  # tokens as unsigned 32-bit: a real vocabulary, and the simulator's ids, fit
 _TOKEN_BYTES: Final = array(_TOKEN).itemsize
-# A lookup keys a prompt this many tokens at a time, and stops once no backend holds a chunk's end.
+# A lookup keys a prompt's first this many tokens, and the rest only if some backend holds them all.
 CHUNK_TOKENS: Final = 1024
 _UNSALTED: Final = 0  # the key "before" an unsalted prompt's first block: no blocks, an empty sum
 
@@ -118,13 +118,14 @@ class Keyer:
     def chunks(
         self, token_ids: Sequence[int], block_size: int, salt: str | None = None
     ) -> Iterator[list[int]]:
-        """`chain_keys` lazily, about CHUNK_TOKENS tokens at a time: a lookup that finds a chunk's
-        last key nowhere keys no further."""
+        """`chain_keys` lazily, in two chunks: the blocks of the first CHUNK_TOKENS tokens, then
+        the rest. A lookup that finds the first chunk held whole nowhere keys no further."""
         n = min(len(token_ids) // block_size, MAX_CHAIN_BLOCKS)
-        per_chunk = max(1, CHUNK_TOKENS // block_size)
+        head = min(n, max(1, CHUNK_TOKENS // block_size))
         parent = self.root(salt)
-        for first in range(0, n, per_chunk):
-            count = min(per_chunk, n - first)
+        for first, count in ((0, head), (head, n - head)):
+            if count <= 0:
+                return
             try:
                 raw = array(_TOKEN, token_ids[first * block_size : (first + count) * block_size]).tobytes()
             except OverflowError:
