@@ -90,7 +90,7 @@ def _siphash_is_secret() -> bool:
 class Keyer:
     """The router's keys of prompts' blocks: its secrets (the BLAKE2b key, the multipliers M_j)
     and what it reuses between prompts (slices). The indexes of one pool and the lookups over them
-    share one keyer; keys of two keyers never match."""
+    share one keyer; two keyers' keys of one prompt are unrelated."""
 
     def __init__(self) -> None:
         self._secret = os.urandom(16)
@@ -112,7 +112,8 @@ class Keyer:
 
     def chain_keys(self, token_ids: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
         """The keys of a prompt's full blocks, in order; a partial last block has none (vLLM
-        caches full blocks only). A token id past 32 bits (or negative) makes no keys."""
+        caches full blocks only). A token id past 32 bits (or negative) makes no keys from its
+        chunk on."""
         return [key for chunk in self.chunks(token_ids, block_size, salt) for key in chunk]
 
     def chunks(
