@@ -45,8 +45,9 @@ class AffinityKey:
     min_depth: int = 1
     # The prompt's token ids as the engine sees them (model's tokenizer and chat template), for
     # strategies that match them against what each engine holds (`precise_prefix`); () when the
-    # router cannot know them.
+    # router cannot know them. `salt`: the cache salt the engine keys the prompt's blocks with.
     token_ids: Sequence[int] = ()
+    salt: str | None = None
 
 
 Affinity = AffinityKey | bytes | None
@@ -73,11 +74,13 @@ class AffinityRequest:
     session: bytes | None
     default_min_tokens: int
     token_ids: Sequence[int] = ()
+    salt: str | None = None
 
 
-# Each named backend's cached leading tokens of a prompt (its token ids), as its engine's KV events
-# report them; None for a backend whose event stream the router does not follow (silent or lost).
-CachedTokens = Callable[[Sequence[str], Sequence[int]], Mapping[str, int | None]]
+# Each named backend's cached leading tokens of a prompt (its token ids and cache salt), as its
+# engine's KV events report them; None for a backend whose event stream the router does not follow
+# (silent or lost).
+CachedTokens = Callable[[Sequence[str], Sequence[int], str | None], Mapping[str, int | None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ class PrecisePrefix(Balancer):
         lookup = self._hooks.cached_tokens
         if not isinstance(affinity, AffinityKey) or not affinity.token_ids or lookup is None:
             return self._approximate.pick(candidates, affinity)
-        cached = lookup([c.name for c in candidates], affinity.token_ids)
+        cached = lookup([c.name for c in candidates], affinity.token_ids, affinity.salt)
         credit = affinity.min_depth * PREFIX_BLOCK_CHARS // CHARS_PER_TOKEN
         chosen, estimated = place(candidates, cached, affinity.key, credit, self._slack, self._penalty)
         hooks = self._hooks
@@ -83,7 +83,7 @@ def affinity_key(settings: PrecisePrefixSettings, request: AffinityRequest) -> A
     chain = request.chain
     if len(chain) < depth:
         return None
-    return AffinityKey(chain[depth - 1], chain, depth, request.token_ids)
+    return AffinityKey(chain[depth - 1], chain, depth, request.token_ids, request.salt)
 
 
 def _build(settings: PrecisePrefixSettings, hooks: BalanceHooks) -> PrecisePrefix:

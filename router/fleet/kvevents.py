@@ -30,22 +30,24 @@ BlockHash = int | bytes
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
 # A payload larger than this is refused unread; vLLM's batches hold one scheduler step's events.
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
-# Token ids are keyed as 8-byte unsigned ints (router/fleet/kvindex.py): a real vocabulary needs
-# fewer than 4, the simulator's salted ids more.
+# Token ids up to 64 bits are accepted; the index keys ids below 2^32 (router/fleet/kvindex.py), as
+# every real vocabulary's are: a block holding a larger id is not indexed.
 _MAX_TOKEN: Final = 2**64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockStored:
     """Blocks an engine cached, in chain order: `token_ids` holds `block_size` tokens per hash.
-    `plain`: no LoRA, no extra keys (multimodal inputs, cache salt) and the GPU tier of the first
-    KV cache group — the blocks a plain text prompt's tokens alone address."""
+    `plain`: no LoRA, no extra keys but a cache salt, and the GPU tier of the first KV cache group
+    — the blocks a text prompt's tokens (and its salt) alone address. `salt`: the cache salt a
+    chain's first block carries as its only extra key (vLLM salts a prompt's first block only)."""
 
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
     plain: bool
+    salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +139,32 @@ def _stored(raw: dict[Any, Any]) -> BlockStored:
         raise Malformed("token_ids do not fill the blocks")
     if not all(_is_int(t) and 0 <= t < _MAX_TOKEN for t in tokens):
         raise Malformed("bad token id")
-    extra = raw.get("extra_keys")
     plain = _plain(raw) and raw.get("lora_name") is None and raw.get("lora_id") is None
-    plain = plain and (extra is None or (isinstance(extra, list) and all(k is None for k in extra)))
+    extra = _extra_keys(raw.get("extra_keys"), parent is None)
     return BlockStored(
-        block_hashes=hashes, parent_block_hash=parent, token_ids=tuple(tokens), block_size=size, plain=plain
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=tuple(tokens),
+        block_size=size,
+        plain=plain and extra is not False,
+        salt=extra if isinstance(extra, str) else None,
     )
+
+
+def _extra_keys(extra: Any, first: bool) -> str | bool:
+    """A stored chain's extra keys (one entry per block, untagged): True for none, the salt when the
+    chain's first block carries only a cache salt (a string), False for any other (a LoRA name,
+    multimodal (identifier, offset) pairs, prompt embeddings' digests)."""
+    if extra is None:
+        return True
+    if not isinstance(extra, list) or not all(k is None for k in extra[1:]):
+        return False
+    head = extra[0] if extra else None
+    if head is None:
+        return True
+    if first and isinstance(head, list) and len(head) == 1 and isinstance(head[0], str) and head[0]:
+        return head[0]
+    return False
 
 
 def _plain(raw: dict[Any, Any]) -> bool:

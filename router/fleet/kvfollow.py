@@ -37,7 +37,6 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from router.config.models import KVEventsConfig
-from router.fleet.kvindex import BlockIndex
 from router.fleet.kvsources import Listed, Publisher, configured, followed, listed
 from router.fleet.kvstream import Stream, follow
 from router.fleet.pool import Pool
@@ -194,7 +193,7 @@ class KVFollower:
             else configured(following.backend, cfg)
         )
         following.publishers = publishers
-        index = BlockIndex()
+        index = pool.kv.index()
         streams = tuple(Stream(index=index) for _ in publishers)
         streams[0].peers = streams[1:]
         following.streams = streams

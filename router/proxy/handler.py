@@ -63,11 +63,13 @@ def affinity_for(
     runtime: Runtime,
     session: bytes | None = None,
     token_ids: Sequence[int] = (),
+    salt: str | None = None,
 ) -> Affinity:
     """What the lane's balance strategy routes this request on (router/balance/): the prompt's
     block chain over the whole message list, the body's `user`, `X-Session-Id`, the profile's
     repeated-prefix length as the default depth, and the prompt's token ids for a strategy that
-    places on them (`engine_token_ids`); None for strategies that route on none."""
+    places on them (`engine_token_ids`) with the cache salt the engine keys them with; None for
+    strategies that route on none."""
     if not lane.settings.affinity:
         return None
     request = AffinityRequest(
@@ -76,17 +78,28 @@ def affinity_for(
         session=session,
         default_min_tokens=runtime.classify_rules.repeated_prefix_tokens,
         token_ids=token_ids,
+        salt=salt,
     )
     return balance_affinity(lane.config.balance, request)
 
 
+def engine_salt(facts: RequestFacts, salt: str | None) -> str | None:
+    """The cache salt the upstream body carries: the key's, which replaces the client's, or the
+    client's own."""
+    if salt is not None:
+        return salt
+    sent = facts.body.get("cache_salt")
+    return sent if isinstance(sent, str) else None
+
+
 def engine_token_ids(
-    counter: PromptCounter, facts: RequestFacts, adapter: AdapterNeed | None, salt: str | None
+    counter: PromptCounter, facts: RequestFacts, adapter: AdapterNeed | None
 ) -> Sequence[int]:
     """The prompt's token ids as its engine will compute them (router/request/promptids.py), or
     none where the router cannot know them — and for a prompt whose cached blocks the engine
-    keys with more than its tokens (an adapter's, a salted one's), which no plain block matches."""
-    if adapter is not None or salt is not None or facts.body.get("cache_salt") is not None:
+    keys with more than its tokens and salt (an adapter's), which no indexed block matches."""
+    sent = facts.body.get("cache_salt")
+    if adapter is not None or (sent is not None and not isinstance(sent, str)):
         return ()
     if facts.token_ids is not None:
         return facts.token_ids  # the chat template's count encoded them already
@@ -224,7 +237,8 @@ async def _handle(
             facts,
             runtime,
             headers.session_id,
-            engine_token_ids(counter, facts, need, salt) if settings.token_ids else (),
+            engine_token_ids(counter, facts, need) if settings.token_ids else (),
+            engine_salt(facts, salt),
         )
         if settings.affinity
         else None,

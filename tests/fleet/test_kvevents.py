@@ -101,7 +101,12 @@ def test_sha256_hashes_arrive_as_bytes_and_a_batch_may_omit_its_rank() -> None:
         {"lora_name": "sql", "lora_id": 1},
         {"medium": "CPU"},
         {"group_idx": 1},
-        {"extra_keys": [["salt"], None]},
+        {"extra_keys": [[["image-digest", 0]], None]},  # a multimodal input's (identifier, offset)
+        {"extra_keys": [[b"\x00" * 32], [b"\x01" * 32]]},  # prompt embeddings' digests
+        {"extra_keys": [["salt"], None], "parent_block_hash": 6},  # a salt past the first block
+        {"extra_keys": [None, ["salt"]]},
+        {"extra_keys": [["salt", ["image-digest", 0]], None]},
+        {"extra_keys": [["sql"], None], "lora_name": "sql", "lora_id": 1},
         {"locality": "REMOTE"},
     ],
 )
@@ -110,6 +115,12 @@ def test_blocks_a_prompts_tokens_alone_do_not_address_are_not_plain(fields: dict
     assert batch is not None
     assert isinstance(batch.events[0], BlockStored)
     assert not batch.events[0].plain
+
+
+def test_a_cache_salt_on_a_chains_first_block_is_read_as_its_salt() -> None:
+    batch = decode_message(message(0, stored(extra_keys=[["tenant-a"], None])))
+    assert batch is not None and isinstance(batch.events[0], BlockStored)
+    assert (batch.events[0].plain, batch.events[0].salt) == (True, "tenant-a")
 
 
 def test_extra_keys_that_are_all_none_leave_a_block_plain() -> None:

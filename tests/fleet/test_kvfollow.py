@@ -422,7 +422,7 @@ def routed_to(state: RouterState, endpoint: Endpoint, body: dict[str, Any]) -> B
     runtime = state.runtime
     lane = runtime.lanes["chat"]
     facts = parse_facts(endpoint, orjson.dumps(body), runtime.counters)
-    ids = engine_token_ids(runtime.counters.get(MODEL), facts, None, None)
+    ids = engine_token_ids(runtime.counters.get(MODEL), facts, None)
     return lane.balancer.pick(lane.pool.routable(), handler_affinity(lane, facts, runtime, token_ids=ids))
 
 

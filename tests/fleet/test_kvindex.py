@@ -11,7 +11,7 @@ import sys
 import tracemalloc
 
 from router.fleet.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
-from router.fleet.kvindex import BYTES_PER_BLOCK, MAX_CHAIN_BLOCKS, BlockIndex, chain_keys
+from router.fleet.kvindex import BYTES_PER_BLOCK, MAX_CHAIN_BLOCKS, BlockIndex, Keyer
 
 BS = 4
 
@@ -21,7 +21,11 @@ def tokens(n: int, start: int = 0) -> list[int]:
 
 
 def store(
-    hashes: list[BlockHash], parent: BlockHash | None, toks: list[int], plain: bool = True
+    hashes: list[BlockHash],
+    parent: BlockHash | None,
+    toks: list[int],
+    plain: bool = True,
+    salt: str | None = None,
 ) -> BlockStored:
     return BlockStored(
         block_hashes=tuple(hashes),
@@ -29,11 +33,12 @@ def store(
         token_ids=tuple(toks),
         block_size=BS,
         plain=plain,
+        salt=salt,
     )
 
 
-def held(index: BlockIndex, prompt: list[int]) -> int:
-    return index.cached_tokens(chain_keys(prompt, BS))
+def held(index: BlockIndex, prompt: list[int], salt: str | None = None) -> int:
+    return index.cached_tokens(index.keyer.chain_keys(prompt, BS, salt))
 
 
 def test_a_stored_chain_covers_the_prompts_leading_full_blocks() -> None:
@@ -55,6 +60,24 @@ def test_a_removed_block_ends_the_prefix_there() -> None:
     index.apply([BlockRemoved((1, 3, 404), plain=True)])
     assert held(index, prompt) == 0
     assert len(index) == 0
+
+
+def test_a_salted_chain_is_held_for_its_salt_only() -> None:
+    index = BlockIndex()
+    prompt = tokens(12)
+    index.apply([store([1, 2], None, prompt[:8], salt="tenant-a"), store([3], 2, prompt[8:])])
+    assert held(index, prompt, "tenant-a") == 12
+    assert held(index, prompt, "tenant-b") == 0
+    assert held(index, prompt) == 0
+    assert held(index, prompt, "") == 0  # an empty salt is none, as vLLM reads it
+
+
+def test_an_unsalted_chain_is_not_held_for_a_salted_prompt() -> None:
+    index = BlockIndex()
+    index.apply([store([1, 2], None, tokens(8))])
+    assert held(index, tokens(8)) == 8
+    assert held(index, tokens(8), "") == 8
+    assert held(index, tokens(8), "tenant-a") == 0
 
 
 def test_a_reset_clears_the_backend() -> None:
@@ -113,12 +136,13 @@ def _chain(n: int, sha256: bool) -> list[BlockStored]:
 
 def test_a_block_costs_at_most_the_stated_bytes() -> None:
     # 43 691 blocks: just past the size at which both dicts double, the costliest point per block.
-    # The keys' multipliers of the chain's positions are the process's, drawn once: not counted.
-    BlockIndex().apply(_chain(43_691, False))
+    # The multipliers of the chain's positions are the pool's keyer's, drawn once: not counted.
+    keyer = Keyer()
+    BlockIndex(keyer).apply(_chain(43_691, False))
     for sha256 in (False, True):
         tracemalloc.start()
         try:
-            index = BlockIndex()
+            index = BlockIndex(keyer)
             before = tracemalloc.get_traced_memory()[0]
             events = _chain(43_691, sha256)
             index.apply(events)
@@ -131,20 +155,20 @@ def test_a_block_costs_at_most_the_stated_bytes() -> None:
         assert per_block <= BYTES_PER_BLOCK, (sha256, per_block)
 
 
-def test_token_ids_past_32_bits_are_indexed() -> None:
-    # The simulator's ids: a chunk's 33 bits, a role's salt up to bit 62.
-    prompt = [(1 << 62) + 5, (1 << 32) + 1, 7, 8, 9, 10, 11, 12]
+def test_token_ids_up_to_32_bits_are_indexed() -> None:
+    prompt = [(1 << 32) - 1, (1 << 31) + 1, 7, 8, 9, 10, 11, 12]
     index = BlockIndex()
     index.apply([store([1, 2], None, prompt)])
     assert held(index, prompt) == 8
 
 
-def test_token_ids_no_engine_has_make_no_keys() -> None:
-    assert chain_keys([1, 2, 3, 1 << 64], BS) == []
-    assert chain_keys([1, 2, -3, 4], BS) == []
-    index = BlockIndex()
-    index.apply([store([1], None, [1, 2, 3, 1 << 64])])
-    assert (len(index), index.skipped) == (0, 1)
+def test_token_ids_no_vocabulary_has_make_no_keys() -> None:
+    keyer = Keyer()
+    assert keyer.chain_keys([1, 2, 3, 1 << 32], BS) == []
+    assert keyer.chain_keys([1, 2, -3, 4], BS) == []
+    index = BlockIndex(keyer)
+    index.apply([store([1], None, [1, 2, 3, 1 << 32]), store([2], None, [1, 2, 3, 1 << 63])])
+    assert (len(index), index.skipped) == (0, 2)
 
 
 def test_the_order_of_blocks_is_part_of_the_key() -> None:
@@ -153,8 +177,9 @@ def test_the_order_of_blocks_is_part_of_the_key() -> None:
     index.apply([store([1, 2], None, a + b)])
     assert held(index, b + a) == 0
     assert held(index, a + a) == 4
-    assert chain_keys(a + b, BS)[0] == chain_keys(a + a, BS)[0]
-    assert len(set(chain_keys(a + b, BS) + chain_keys(b + a, BS))) == 4
+    keys = index.keyer.chain_keys
+    assert keys(a + b, BS)[0] == keys(a + a, BS)[0]
+    assert len(set(keys(a + b, BS) + keys(b + a, BS))) == 4
 
 
 def test_a_process_of_a_fixed_hash_seed_keys_with_its_own_secret() -> None:
@@ -162,15 +187,15 @@ def test_a_process_of_a_fixed_hash_seed_keys_with_its_own_secret() -> None:
     script = (
         "from router.fleet import kvindex\n"
         "from router.fleet.kvevents import BlockStored\n"
-        "assert kvindex._block_hashes is kvindex._blake2b_blocks\n"
         "index = kvindex.BlockIndex()\n"
+        "assert index.keyer._block_hashes == index.keyer._blake2b_blocks\n"
         "toks = tuple(range(12))\n"
         "index.apply([BlockStored(block_hashes=(1, 2), parent_block_hash=None, token_ids=toks[:8],"
         " block_size=4, plain=True)])\n"
         "index.apply([BlockStored(block_hashes=(3,), parent_block_hash=2, token_ids=toks[8:],"
         " block_size=4, plain=True)])\n"
-        "assert index.cached_tokens(kvindex.chain_keys(list(toks), 4)) == 12\n"
-        "print(kvindex.chain_keys(list(toks), 4))\n"
+        "assert index.cached_tokens(index.keyer.chain_keys(list(toks), 4)) == 12\n"
+        "print(index.keyer.chain_keys(list(toks), 4))\n"
     )
     runs = [
         subprocess.run(
@@ -187,9 +212,9 @@ def test_a_process_of_a_fixed_hash_seed_keys_with_its_own_secret() -> None:
 
 def test_a_chain_is_keyed_up_to_the_longest_prompt_keyed() -> None:
     prompt = tokens((MAX_CHAIN_BLOCKS + 2) * BS)
-    keys = chain_keys(prompt, BS)
-    assert len(keys) == MAX_CHAIN_BLOCKS
     index = BlockIndex()
+    keys = index.keyer.chain_keys(prompt, BS)
+    assert len(keys) == MAX_CHAIN_BLOCKS
     hashes = list(range(1, MAX_CHAIN_BLOCKS + 3))
     index.apply([store(hashes, None, prompt)])
     assert (len(index), index.skipped) == (MAX_CHAIN_BLOCKS, 2)

@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from router.fleet.kvcaches import KVCaches
 from router.fleet.kvevents import END_SEQ, BlockStored, EventBatch
-from router.fleet.kvindex import chain_keys
+from router.fleet.kvindex import CHUNK_TOKENS
 from router.fleet.kvstream import Stream, start
 
 BS = 4
@@ -39,7 +39,7 @@ def stored(seq: int, hashes: list[int], parent: int | None, first_token: int) ->
 
 
 def held(stream: Stream, n_tokens: int) -> int:
-    return stream.index.cached_tokens(chain_keys(list(range(n_tokens)), BS))
+    return stream.index.cached_tokens(stream.index.keyer.chain_keys(list(range(n_tokens)), BS))
 
 
 def test_batches_in_order_are_applied() -> None:
@@ -111,6 +111,40 @@ def test_each_backends_cached_tokens_none_where_its_stream_is_lost() -> None:
     caches.streams.update({"a": holding, "b": empty, "c": lost})
     prompt = list(range(10))
     assert caches.cached_tokens(["a", "b", "c", "d"], prompt) == {"a": 8, "b": 0, "c": None, "d": None}
+
+
+def test_a_long_prompt_is_credited_across_its_chunks_on_each_backend() -> None:
+    caches = KVCaches()
+    a, b = Stream(caches.index(), connected=True), Stream(caches.index(), connected=True)
+    block = BS
+    prompt = list(range(3 * CHUNK_TOKENS))
+    chunk_blocks = CHUNK_TOKENS // block
+    hashes = list(range(1, 2 * chunk_blocks + 1))
+    a.index.apply(
+        [
+            BlockStored(
+                block_hashes=tuple(hashes),
+                parent_block_hash=None,
+                token_ids=tuple(prompt[: len(hashes) * block]),
+                block_size=block,
+                plain=True,
+            )
+        ]
+    )
+    b.index.apply(
+        [
+            BlockStored(
+                block_hashes=(1,),
+                parent_block_hash=None,
+                token_ids=tuple(prompt[:block]),
+                block_size=block,
+                plain=True,
+            )
+        ]
+    )
+    caches.streams.update({"a": a, "b": b})
+    assert caches.cached_tokens(["a", "b"], prompt) == {"a": 2 * CHUNK_TOKENS, "b": block}
+    assert caches.cached_tokens(["a", "b"], prompt, "tenant-a") == {"a": 0, "b": 0}
 
 
 def payload(batch: EventBatch) -> bytes:
@@ -256,7 +290,7 @@ async def test_an_engine_restarted_past_its_old_sequence_while_away_keeps_none_o
         await pub.send_multipart([b"", (6).to_bytes(8, "big"), payload(stored(6, [106], None, 1024))])
         await wait_for(lambda: stream.last_seq == 6, "the new engine's history replayed")
         assert held(stream, 8) == 0
-        assert stream.index.cached_tokens(chain_keys(list(range(1000, 1004)), BS)) == BS
+        assert stream.index.cached_tokens(stream.index.keyer.chain_keys(list(range(1000, 1004)), BS)) == BS
         assert stream.resets == 1
     finally:
         for task in tasks:

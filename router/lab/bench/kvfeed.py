@@ -84,7 +84,9 @@ class KVFeed(Membership):
         self._seq[index] = 0
         # The fleet's first engines are followed from the start.
         wait = self.connect if at > 0 else 0.0
-        self.caches[index].streams[self.names[index]] = Stream(connected=wait == 0)
+        self.caches[index].streams[self.names[index]] = Stream(
+            self.caches[index].index(), connected=wait == 0
+        )
         if wait:
             self._connecting[index] = at + wait
 

@@ -8,7 +8,8 @@ looked up on every backend of the pool), for a 4,096-token prompt.
 model, ~/.cache/lane-router/models/tiny, built by scripts/setup-vllm-cpu.sh); without one the
 tokenization is not measured. Each figure is the CPU time of the measuring thread (microseconds per
 request), the least of several rounds: the round least disturbed by the rest of the machine. The
-lookup is timed at its costliest: every backend holds the whole prompt.
+lookup is timed at its costliest, every backend holding the whole prompt, and for a prompt no
+backend holds.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pathlib import Path
 
 from router.fleet.kvcaches import KVCaches
 from router.fleet.kvevents import BlockStored
-from router.fleet.kvindex import chain_keys
 from router.fleet.kvstream import Stream
 from router.lab.realvllm.install import default_install
 from router.request.chattemplate import TemplateCount
@@ -63,7 +63,7 @@ def pool_holding(token_ids: Sequence[int], block_size: int, backends: int) -> tu
     names = [f"http://10.0.0.{i}:8000" for i in range(backends)]
     full = len(token_ids) // block_size * block_size
     for name in names:
-        stream = Stream(connected=True)
+        stream = Stream(caches.index(), connected=True)
         stored = BlockStored(
             block_hashes=tuple(range(1, full // block_size + 1)),
             parent_block_hash=None,
@@ -84,15 +84,18 @@ def index_lines(tokens: int, backends: int) -> list[str]:
 
 def _index_line(token_ids: list[int], size: int, backends: int) -> str:
     caches, names = pool_holding(token_ids, size, backends)
-    keys = chain_keys(token_ids, size)
+    keys = caches.keyer.chain_keys(token_ids, size)
     indexes = [caches.streams[name].index for name in names]
-    keying = least_us(lambda: chain_keys(token_ids, size))
+    keying = least_us(lambda: caches.keyer.chain_keys(token_ids, size))
     lookup = least_us(lambda: [index.cached_tokens(keys) for index in indexes])
     both = least_us(lambda: caches.cached_tokens(names, token_ids))
+    fresh = [t + 1 for t in token_ids]
+    none = least_us(lambda: caches.cached_tokens(names, fresh))
     old = least_us(lambda: blake2b_chain(token_ids, size))
     return (
         f"block {size:>3}: keying {keying:5.1f} µs + lookup on {backends} backends {lookup:5.1f} µs;"
-        f" both (KVCaches.cached_tokens) {both:5.1f} µs  [chained BLAKE2b keying: {old:5.1f} µs]"
+        f" both (KVCaches.cached_tokens) {both:5.1f} µs, held nowhere {none:5.1f} µs"
+        f"  [chained BLAKE2b keying: {old:5.1f} µs]"
     )
 
 

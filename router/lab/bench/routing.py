@@ -182,7 +182,7 @@ class VirtualRouter:
             decision.cls.value, decision.reason.value, lane.name, lane.pool.name
         )
         # The prompt's token ids for a lane that places on them, as the handler works them out.
-        token_ids = engine_token_ids(route.counter, facts, None, None) if lane.settings.token_ids else ()
+        token_ids = engine_token_ids(route.counter, facts, None) if lane.settings.token_ids else ()
         affinity = affinity_for(lane, facts, runtime, None, token_ids)
         if gate is not None:
             tenant = self.tenants.get(req.request_id, ANONYMOUS)

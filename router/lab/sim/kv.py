@@ -45,6 +45,12 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
     return hash((parent, *tokens))
 
 
+def salted_root(salt: str | None) -> int:
+    """The parent of a prompt's first block: its cache salt, when it has one, keys the first
+    block (and so every block after it) apart from other salts' and unsalted prompts'."""
+    return ROOT_HASH if not salt else hash(("cache_salt", salt))
+
+
 def chain_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_HASH) -> list[int]:
     """Hashes of every full block of `token_ids`, each chained to the one before."""
     out: list[int] = []
@@ -91,6 +97,7 @@ class _Seq:
     num_tokens: int
     shared: int  # leading blocks taken from the cache or a parent at creation
     hint_blocks: int
+    salt: str | None = None  # the prompt's cache salt: an extra key of its first block
 
 
 class KVCacheManager:
@@ -212,6 +219,7 @@ class KVCacheManager:
         *,
         prefix: Sequence[int] | None = None,
         hint_tokens: int = 0,
+        salt: str | None = None,
     ) -> int | None:
         """Create a sequence holding `token_ids`. Its leading full blocks come from `prefix`
         (blocks returned by `match_prefix` for these tokens; matched here when None). Returns
@@ -220,7 +228,7 @@ class KVCacheManager:
             raise KeyError(f"sequence {seq_id!r} exists")
         bs = self.block_size
         if prefix is None:
-            prefix = self.match_prefix(chain_hashes(token_ids, bs))
+            prefix = self.match_prefix(chain_hashes(token_ids, bs, salted_root(salt)))
         prefix = prefix[: len(token_ids) // bs]
         needed = -(-len(token_ids) // bs) - len(prefix)
         revived = sum(1 for b in prefix if self._ref[b] == 0)
@@ -237,6 +245,7 @@ class KVCacheManager:
             num_tokens=len(prefix) * bs,
             shared=len(prefix),
             hint_blocks=-(-hint // bs),
+            salt=salt,
         )
         self._seqs[seq_id] = seq
         self._write(seq, token_ids[seq.num_tokens :])
@@ -280,6 +289,7 @@ class KVCacheManager:
             num_tokens=p.num_tokens,
             shared=len(p.blocks),
             hint_blocks=p.hint_blocks,
+            salt=p.salt,
         )
 
     def free(self, seq_id: Hashable) -> None:
@@ -350,7 +360,7 @@ class KVCacheManager:
                 self._seal(seq, b)
 
     def _seal(self, seq: _Seq, block: int) -> None:
-        parent = seq.hashes[-1] if seq.hashes else ROOT_HASH
+        parent = seq.hashes[-1] if seq.hashes else salted_root(seq.salt)
         h = block_hash(parent, self._content[block])
         seq.hashes.append(h)
         # A block computed twice at once (both missed the cache) stays unindexed: first wins.
@@ -366,10 +376,11 @@ class KVCacheManager:
         position = len(seq.hashes) - 1
         parent = self._digest[seq.blocks[position - 1]] if position else None
         content = self._content[block]
-        digest = block_digest(parent, content)
+        salt = seq.salt if position == 0 else None
+        digest = block_digest(parent, content, salt)
         self._digest[block] = digest
         if indexed and self._events is not None:
-            self._events.stored(digest, parent, content, self.block_size)
+            self._events.stored(digest, parent, content, self.block_size, salt)
 
     def _copy_on_write(self, seq: _Seq) -> int:
         old = seq.blocks[-1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -36,10 +36,12 @@ def _sha256_pickle(value: object) -> bytes:
 NONE_HASH = _sha256_pickle(_NONE_HASH_SEED)
 
 
-def block_digest(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+def block_digest(parent: bytes | None, token_ids: Sequence[int], salt: str | None = None) -> bytes:
     """vLLM's hash of one full block: chained to the parent block's digest (the seed for the
-    first block), over the block's token ids and no extra keys."""
-    return _sha256_pickle((parent or NONE_HASH, tuple(token_ids), None))
+    first block), over the block's token ids and its extra keys: a prompt's cache salt, tagged,
+    on its first block only; none otherwise."""
+    extra = (("cache_salt", salt),) if salt else None
+    return _sha256_pickle((parent or NONE_HASH, tuple(token_ids), extra))
 
 
 def external_hash(digest: bytes) -> int:
@@ -53,6 +55,7 @@ class BlockStored:
     parent: bytes | None
     token_ids: list[int]
     block_size: int
+    salts: list[str | None] = field(default_factory=list)  # each block's cache salt, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +81,21 @@ class KVEventLog:
     def __init__(self) -> None:
         self._events: list[KVEvent] = []
 
-    def stored(self, digest: bytes, parent: bytes | None, token_ids: Sequence[int], block_size: int) -> None:
+    def stored(
+        self,
+        digest: bytes,
+        parent: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        salt: str | None = None,
+    ) -> None:
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockStored) and parent is not None and last.digests[-1] == parent:
             last.digests.append(digest)
             last.token_ids.extend(token_ids)
+            last.salts.append(salt)
             return
-        self._events.append(BlockStored([digest], parent, list(token_ids), block_size))
+        self._events.append(BlockStored([digest], parent, list(token_ids), block_size, [salt]))
 
     def removed(self, digest: bytes) -> None:
         self._events.append(BlockRemoved(digest))
@@ -110,6 +121,7 @@ def event_wire(event: KVEvent) -> dict[str, Any]:
             "lora_id": None,
             "medium": MEDIUM_GPU,
             "lora_name": None,
+            **_extra_keys(event.salts),
             "group_idx": 0,
         }
     if isinstance(event, BlockRemoved):
@@ -120,6 +132,14 @@ def event_wire(event: KVEvent) -> dict[str, Any]:
             "group_idx": 0,
         }
     return {"type": "AllBlocksCleared"}
+
+
+def _extra_keys(salts: Sequence[str | None]) -> dict[str, Any]:
+    """vLLM's per-block extra keys, untagged (a cache salt as its bare string), or no field when
+    no block has any."""
+    if not any(salts):
+        return {}
+    return {"extra_keys": [[s] if s else None for s in salts]}
 
 
 def encode_batch(ts: float, events: Sequence[KVEvent], data_parallel_rank: int = 0) -> bytes:

@@ -42,6 +42,7 @@ class GenerationRequest:
     include_usage: bool
     seed: int | None
     priority: int
+    cache_salt: str | None = None
 
 
 def vllm_error_body(err: RouterError) -> bytes:
@@ -56,6 +57,13 @@ def _int_field(body: Mapping[str, Any], name: str, default: int | None) -> int |
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"'{name}' must be an integer, got {value!r}.")
     return value
+
+
+def _cache_salt(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return salt
 
 
 def parse_generation(
@@ -113,6 +121,7 @@ def parse_generation(
         include_usage=include_usage,
         seed=_int_field(body, "seed", None),
         priority=priority,
+        cache_salt=_cache_salt(body),
     )
 
 

@@ -55,6 +55,7 @@ class EngineRequest:
     priority: int = 0
     seed: int = 0
     arrival_time: float = 0.0  # when the client's request reached the server
+    cache_salt: str | None = None  # keys the prompt's cached blocks apart, as vLLM's
     # Engine state below.
     token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
@@ -104,6 +105,7 @@ def new_request(
     seed: int | None = None,
     priority: int = 0,
     arrival_time: float = 0.0,
+    cache_salt: str | None = None,
 ) -> EngineRequest:
     """An engine request with its answer length planned from the request itself."""
     s = request_seed(prompt_token_ids, seed)
@@ -117,4 +119,5 @@ def new_request(
         priority=priority,
         seed=s,
         arrival_time=arrival_time,
+        cache_salt=cache_salt,
     )

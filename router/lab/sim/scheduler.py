@@ -24,7 +24,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from router.lab.sim.config import EngineConfig
-from router.lab.sim.kv import KVCacheManager, chain_hashes
+from router.lab.sim.kv import KVCacheManager, chain_hashes, salted_root
 from router.lab.sim.request import EngineRequest, Status
 from router.lab.sim.timing import prefill_pairs
 
@@ -225,7 +225,9 @@ class Scheduler:
                     continue
                 break
             hint = req.num_prompt_tokens + req.max_tokens
-            got = kv.allocate(req.request_id, req.token_ids[: hit + n], prefix=prefix, hint_tokens=hint)
+            got = kv.allocate(
+                req.request_id, req.token_ids[: hit + n], prefix=prefix, hint_tokens=hint, salt=req.cache_salt
+            )
             if got is None:
                 break  # admission waits for free blocks
             del self.waiting[i]
@@ -256,6 +258,6 @@ class Scheduler:
         bs = self.kv.block_size
         have = len(req.block_hashes)
         if have < req.num_tokens // bs:
-            parent = req.block_hashes[-1] if have else 0
+            parent = req.block_hashes[-1] if have else salted_root(req.cache_salt)
             req.block_hashes.extend(chain_hashes(req.token_ids[have * bs :], bs, parent))
         return req.block_hashes

@@ -290,6 +290,7 @@ class SimApp:
             seed=parsed.seed,
             priority=parsed.priority,
             arrival_time=arrival,
+            cache_salt=parsed.cache_salt,
         )
         stream = self.runner.submit(req)  # Unavailable (503) before any byte is sent
         watcher = loop.create_task(self._watch_disconnect(receive, engine_id))

@@ -7,7 +7,6 @@ import random
 from collections.abc import Sequence
 
 from router.fleet.kvcaches import KVCaches
-from router.fleet.kvindex import chain_keys
 from router.lab.bench.kvfeed import KVFeed
 from router.lab.sim import kv_events as sim
 from router.lab.sim.config import EngineConfig
@@ -65,7 +64,7 @@ def test_the_routers_view_equals_the_engines_cached_blocks_after_a_run() -> None
         for req in requests:
             prompt = chat_token_ids(req.body["messages"])
             held = len(engine.kv.match_prefix(chain_hashes(prompt, CONFIG.block_size))) * CONFIG.block_size
-            assert view.cached_tokens(chain_keys(prompt, CONFIG.block_size)) == held
+            assert view.cached_tokens(caches.keyer.chain_keys(prompt, CONFIG.block_size)) == held
 
 
 def test_a_steps_events_reach_the_view_after_the_publication_delay() -> None:
@@ -77,7 +76,7 @@ def test_a_steps_events_reach_the_view_after_the_publication_delay() -> None:
     log.stored(sim.block_digest(None, tokens), None, tokens, 16)
     feed.published(0, log.take(), 1.0)
     stream = caches.streams["http://e0"]
-    keys = chain_keys(tokens, 16)
+    keys = caches.keyer.chain_keys(tokens, 16)
 
     feed.advance(1.0 + 0.009)
     assert stream.index.cached_tokens(keys) == 0

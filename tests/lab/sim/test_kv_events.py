@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import msgpack
 
 from router.fleet.kvevents import decode_message
-from router.fleet.kvindex import BlockIndex, chain_keys
+from router.fleet.kvindex import BlockIndex
 from router.lab.sim.kv import KVCacheManager
 from router.lab.sim.kv_events import (
     AllBlocksCleared,
@@ -168,4 +168,4 @@ def test_a_chat_prompts_blocks_reach_the_routers_index() -> None:
     index = BlockIndex()
     index.apply(batch.events)
     full = len(prompt) // BS * BS
-    assert index.cached_tokens(chain_keys(prompt, BS)) == full
+    assert index.cached_tokens(index.keyer.chain_keys(prompt, BS)) == full
