@@ -28,8 +28,14 @@ BlockHash = int | bytes
 
 # The replay socket's end marker: seq -1 as 8 signed big-endian bytes.
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
-# A payload larger than this is refused unread; vLLM's batches hold one scheduler step's events.
-MAX_PAYLOAD: Final = 64 * 1024 * 1024
+# A payload larger than this is refused unread; vLLM's batches hold one scheduler step's events, a
+# few MiB at the most.
+MAX_PAYLOAD: Final = 16 * 1024 * 1024
+# The most items of one array: token ids of one step's stored blocks (2M tokens). msgpack refuses
+# a longer array, or a longer map, string or binary, from its header, before building anything.
+MAX_ITEMS: Final = 1 << 21
+_MAX_MAP: Final = 256  # an event's fields
+_MAX_BYTES: Final = 1 << 20  # a string or a sha256 hash
 # Token ids up to 64 bits are accepted; the index keys ids below 2^32 (router/fleet/kvindex.py), as
 # every real vocabulary's are: a block holding a larger id is not indexed.
 _MAX_TOKEN: Final = 2**64
@@ -99,7 +105,16 @@ def _decode(frames: Sequence[bytes]) -> EventBatch:
         raise Malformed("payload too large")
     seq = int.from_bytes(seq_bytes, "big")
     try:
-        body: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        body: Any = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_ITEMS,
+            max_map_len=_MAX_MAP,
+            max_str_len=_MAX_BYTES,
+            max_bin_len=_MAX_BYTES,
+            max_ext_len=0,  # vLLM writes no extension types
+        )
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise Malformed("not msgpack") from exc
     if not isinstance(body, list) or len(body) not in (2, 3):

@@ -12,7 +12,8 @@ endpoint means vLLM's publisher *connects* there instead of binding (vLLM binds 
 ipc and inproc endpoints): nobody can subscribe to the engine itself, so such a rank is refused
 with the reason, unless the host is the backend's own (vLLM reports `tcp://*:0` as the address it
 bound). ipc and inproc endpoints are not reachable from another process's network stack and are
-refused too.
+refused too. The router connects to the backend's own host only: a replay endpoint naming another
+host is dropped (the rank is followed without replays), whatever the engine binds.
 """
 
 from __future__ import annotations
@@ -90,34 +91,52 @@ def listed(origin: str, answer: Any) -> Listed:
         if not source.get("enable_kv_cache_events") or source.get("publisher", "zmq") != "zmq":
             refused.append(f"rank {rank}: publishes no KV events (enable_kv_cache_events, publisher: zmq)")
             continue
-        endpoint, why = _reachable(source.get("endpoint"), host, bound=False)
+        endpoint, why = _reachable(source.get("endpoint"), host)
         if endpoint is None:
             refused.append(f"rank {rank}: {why}")
             continue
-        replay, _ = _reachable(source.get("replay_endpoint"), host, bound=True)
+        replay = _replay(source.get("replay_endpoint"), host, rank, refused)
         publishers.append(Publisher(endpoint, replay))
     return Listed(tuple(publishers), tuple(refused))
 
 
+def _replay(endpoint: Any, host: str, rank: Any, refused: list[str]) -> str | None:
+    """The rank's replay endpoint, when it has one on the backend's host (vLLM binds it whatever
+    its host, but the router connects nowhere else)."""
+    if endpoint is None:
+        return None
+    replay, _ = _reachable(endpoint, host)
+    if replay is None:
+        refused.append(
+            f"rank {rank}: replay endpoint {endpoint} is not a TCP port of the backend's host; "
+            "lost batches are not asked again"
+        )
+    return replay
+
+
 def _rank_order(rank: Any) -> tuple[int, str]:
     text = str(rank)
-    return (int(text), text) if text.isdigit() else (1 << 30, text)
+    return (int(text), text) if _is_number(text) else (1 << 30, text)
 
 
-def _reachable(endpoint: Any, host: str, *, bound: bool) -> tuple[str | None, str]:
-    """The endpoint a subscriber on another host connects to, or None and why there is none.
-    `bound`: the engine binds this endpoint whatever its host (vLLM's replay endpoint)."""
+def _is_number(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes other scripts' digits and superscripts."""
+    return text.isascii() and text.isdigit()
+
+
+def _reachable(endpoint: Any, host: str) -> tuple[str | None, str]:
+    """The endpoint a subscriber on another host connects to, or None and why there is none."""
     if not isinstance(endpoint, str) or not endpoint:
         return None, "no endpoint"
     if not endpoint.startswith("tcp://"):
         return None, f"{endpoint} is not a TCP endpoint another host can reach"
     address, _, port = endpoint[len("tcp://") :].rpartition(":")
-    if not port.isdigit() or int(port) == 0:
+    if not _is_number(port) or not 0 < int(port) < 1 << 16:
         return None, f"{endpoint} names no port"
     if address in WILDCARDS:
         return f"tcp://{host}:{port}", ""
-    if bound or address == host:
-        return endpoint, ""
+    if address.lower() == host:
+        return f"tcp://{host}:{port}", ""
     return None, (
         f"{endpoint} has a host, so the engine connects out to it instead of binding; "
         "start vLLM with endpoint tcp://*:PORT so the router can subscribe"

@@ -3,6 +3,8 @@ messages refused without raising, and where a batch's sequence number stands."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import pytest
 
@@ -180,3 +182,24 @@ def test_sequence_numbers_in_order_lost_and_behind() -> None:
     assert (gap.missing_from, gap.missing_to) == (17, 20)
     assert sequence_step(16, 16).step is Step.BEHIND
     assert sequence_step(16, 0).step is Step.BEHIND
+
+
+def test_a_batch_of_more_tokens_than_an_engine_step_holds_is_refused_before_it_is_built() -> None:
+    """An engine (or anything reaching its port) that sends one array of millions of ids within
+    the payload cap costs the router no more memory than the payload itself: msgpack's limits
+    refuse the array from its header, before any list is built."""
+    n = 8 << 20  # one-byte ids: an 8 MiB payload that would become a list and a tuple of 64 MiB each
+    fields = stored(block_hashes=[7], block_size=n)
+    del fields["token_ids"]
+    event = msgpack.packb({**fields, "token_ids": []})  # ends with the empty array: 0x90
+    ids = b"\xdd" + n.to_bytes(4, "big") + b"\x01" * n  # array 32 of n fixints
+    payload = b"\x93" + msgpack.packb(1.5) + b"\x91" + event[:-1] + ids + msgpack.packb(0)
+    frames = [b"", (0).to_bytes(8, "big"), payload]
+    tracemalloc.start()
+    try:
+        refused = decode_message(frames) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert refused
+    assert peak < len(payload)

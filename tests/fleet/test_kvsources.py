@@ -109,3 +109,39 @@ def test_a_publisher_that_connects_out_or_is_local_is_refused_with_the_reason() 
     assert "publishes no KV events" in found.refused[2]
     assert listed("http://10.0.0.5:8000", []).refused == ("/kv_event_sources did not answer a JSON object",)
     assert listed("http://10.0.0.5:8000", {}).publishers == ()  # events off: vLLM lists nothing
+
+
+def test_a_replay_endpoint_on_another_host_is_never_asked() -> None:
+    """The router connects only to the backend's own host: a replay endpoint naming any other
+    (an internal service, a metadata address, ZMQ's `source;destination` form) is dropped with
+    the reason, and the rank is followed without replays."""
+    for replay in ("tcp://169.254.169.254:80", "tcp://collector.internal:5558", "tcp://*;10.9.9.9:5558"):
+        found = listed("http://10.0.0.5:8000", {"0": {**VLLM_RANK, "replay_endpoint": replay}})
+        assert found.publishers == (Publisher("tcp://10.0.0.5:19757", None),), replay
+        assert len(found.refused) == 1 and replay in found.refused[0], replay
+    own = {**VLLM_RANK, "replay_endpoint": "tcp://10.0.0.5:19758"}
+    assert listed("http://10.0.0.5:8000", {"0": own}).publishers == (
+        Publisher("tcp://10.0.0.5:19757", "tcp://10.0.0.5:19758"),
+    )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"²": VLLM_RANK},  # a digit to str.isdigit, not to int()
+        {"0": {**VLLM_RANK, "endpoint": "tcp://*:²"}},
+        {"0": {**VLLM_RANK, "endpoint": "tcp://*:١٩٧٥٧"}},  # Arabic-Indic digits: no ZMQ port
+        {"0": {**VLLM_RANK, "endpoint": "tcp://*:99999"}},
+        {"0": {**VLLM_RANK, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:70000"}},
+    ],
+)
+def test_ranks_and_ports_that_are_not_plain_numbers_are_refused_without_raising(
+    answer: dict[str, Any],
+) -> None:
+    found = listed("http://10.0.0.5:8000", answer)
+    for publisher in found.publishers:
+        for endpoint in (publisher.endpoint, publisher.replay_endpoint):
+            if endpoint is not None:
+                port = int(endpoint.rpartition(":")[2])
+                assert endpoint.isascii() and 0 < port < 65536
+    assert found.publishers or found.refused
