@@ -228,5 +228,11 @@ def deployed_profile(
         if p.key_env is not None:
             pool.pop("upstream_api_key", None)
             pool["upstream_api_key_env"] = p.key_env
+        if p.kv is not None:
+            # The deployed engines are vLLM, which lists no publishers: the router names the ports.
+            own = {k: v for k, v in pool.get("kv_events", {}).items() if k == "follow"}
+            ports = {"port": p.kv.port, "replay_port": p.kv.replay_port}
+            ports["data_parallel_size"] = p.kv.ranks
+            pool["kv_events"] = {**own, **{k: v for k, v in ports.items() if v is not None}}
     parse_profile(data, "deployed profile")
     return data

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from router.deploy.plan import plan_pools
-from tests.deploy.k8s import container, manifests, one, pools
+from tests.deploy.k8s import container, deployed_profile, manifests, one, pools
 from tests.deploy.samples import cfg, small
 from tests.deploy.tools import K8S_VERSIONS
 
@@ -93,3 +93,10 @@ def test_k8s_exposes_every_rank_to_the_router_only() -> None:
 def test_k8s_policy_of_a_profile_without_events_is_unchanged() -> None:
     policy = one(manifests(cfg(small()), device="cpu"), "NetworkPolicy", "vllm-pools-from-router-only")
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8000}]
+
+
+def test_deployed_profile_names_the_ports_the_engines_bind() -> None:
+    chat = deployed_profile(manifests(cfg(_precise()), device="cpu")).pools["chat"]
+
+    assert chat.kv_events is not None
+    assert (chat.kv_events.port, chat.kv_events.replay_port) == (5557, 5558)
