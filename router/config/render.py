@@ -6,10 +6,13 @@ The same arguments start the real servers of the test suite and the rendered dep
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from router.config.models import PoolConfig
+from router.balance import BalanceSettings, places_on_token_ids
+from router.config.models import KVEventsConfig, PoolConfig
 from router.config.vllm import PARTIAL_PREFILL_REMOVED_IN, VllmSettings
 
 
@@ -86,8 +89,62 @@ def vllm_serve_args(v: VllmSettings, *, served_model: str, device: Device = "gpu
     return Rendered(tuple(args), ())
 
 
-def pool_serve_args(pool: PoolConfig, *, device: Device = "gpu") -> Rendered:
+DEFAULT_KV_PORT = 5557
+DEFAULT_KV_REPLAY_PORT = 5558
+
+
+@dataclass(frozen=True, slots=True)
+class KVPorts:
+    """The ports an engine publishes its KV events on: rank r of a data-parallel engine binds
+    port + r (and replay + r), as vLLM does."""
+
+    port: int
+    replay_port: int | None
+    ranks: int
+
+    def all(self) -> tuple[int, ...]:
+        bases = (self.port,) if self.replay_port is None else (self.port, self.replay_port)
+        return tuple(base + rank for base in bases for rank in range(self.ranks))
+
+
+def kv_ports(pool: PoolConfig, balances: Iterable[BalanceSettings]) -> KVPorts | None:
+    """The publisher an engine of the pool must run, when the router follows the pool's events:
+    when `kv_events.follow` says so, else when a lane of the pool places on token ids. Pools
+    found by discovery publish on the default ports, which the engine then lists itself."""
+    cfg = pool.kv_events or KVEventsConfig()
+    follow = cfg.follow
+    if follow is None:
+        follow = any(places_on_token_ids(b) for b in balances)
+    if not follow:
+        return None
+    if cfg.port is None:
+        return KVPorts(DEFAULT_KV_PORT, DEFAULT_KV_REPLAY_PORT, 1)
+    return KVPorts(cfg.port, cfg.replay_port, cfg.data_parallel_size)
+
+
+def kv_events_args(ports: KVPorts) -> tuple[str, ...]:
+    """vLLM's flags for it: a wildcard host, because vLLM binds a wildcard endpoint and connects
+    to any other."""
+    config: dict[str, object] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{ports.port}",
+    }
+    if ports.replay_port is not None:
+        config["replay_endpoint"] = f"tcp://*:{ports.replay_port}"
+    return ("--kv-events-config", json.dumps(config, separators=(",", ":")))
+
+
+def _with_kv_events(rendered: Rendered, ports: KVPorts) -> Rendered:
+    # Events describe the prefix cache: without it an engine publishes nothing to place on.
+    args = ["--enable-prefix-caching" if a == "--no-enable-prefix-caching" else a for a in rendered.args]
+    return Rendered((*args, *kv_events_args(ports)), rendered.notes)
+
+
+def pool_serve_args(pool: PoolConfig, *, device: Device = "gpu", kv: KVPorts | None = None) -> Rendered:
     rendered = vllm_serve_args(pool.vllm, served_model=pool.model, device=device)
+    if kv is not None:
+        rendered = _with_kv_events(rendered, kv)
     if pool.vllm.version_tuple >= PARTIAL_PREFILL_REMOVED_IN:
         if pool.admission.max_prefilling is not None:
             note = (

@@ -16,6 +16,7 @@ A NetworkPolicy admits only the router's pods to the pools, so vLLM's routes tha
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from router.config.models import DiscoveryConfig
@@ -96,7 +97,10 @@ def _service(p: PoolPlan) -> dict[str, Any]:
             # Only ready servers are named: the router's discovery sees a server once it answers.
             "publishNotReadyAddresses": False,
             "selector": pool_selector(p),
-            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"},
+                *({"name": n, "port": port, "targetPort": n, "protocol": "TCP"} for n, port in _kv_ports(p)),
+            ],
         },
     }
 
@@ -158,7 +162,10 @@ def _container(p: PoolPlan, opts: K8sOptions, drain_s: int) -> dict[str, Any]:
         "command": list(CPU_ENTRYPOINT if cpu else GPU_ENTRYPOINT),
         "args": p.server_args(f"$({p.model_env})", opts.device),  # Kubernetes expands $(VAR) from env
         "env": env,
-        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
+            *({"name": n, "containerPort": port, "protocol": "TCP"} for n, port in _kv_ports(p)),
+        ],
         # Weights download and load before /health answers: up to 30 minutes.
         "startupProbe": http_probe("/health", 10, 180, timeout=5),
         "livenessProbe": http_probe("/health", 15, 4, timeout=10),
@@ -181,6 +188,19 @@ def _resources(p: PoolPlan, cpu: bool) -> dict[str, Any]:
     }
 
 
-def pools_policy() -> dict[str, Any]:
+def pools_policy(plans: Iterable[PoolPlan]) -> dict[str, Any]:
+    """The router reaches the servers' HTTP port, and the KV event publishers it follows."""
     metadata = meta(NETWORK_POLICY, {"app.kubernetes.io/name": "vllm"})
-    return ingress_only_from(metadata, POOLS_SELECTOR, ROUTER_SELECTOR, VLLM_PORT)
+    kv = sorted({n for p in plans if p.kv is not None for n in p.kv.all()})
+    return ingress_only_from(metadata, POOLS_SELECTOR, ROUTER_SELECTOR, VLLM_PORT, *kv)
+
+
+def _kv_ports(p: PoolPlan) -> list[tuple[str, int]]:
+    # The router subscribes to every pod's publishers at the pod IPs the headless Service names.
+    if p.kv is None:
+        return []
+    names = [f"kv{i}" for i in range(p.kv.ranks)]
+    out = [(name, p.kv.port + i) for i, name in enumerate(names)]
+    if p.kv.replay_port is not None:
+        out += [(f"kvr{i}", p.kv.replay_port + i) for i in range(p.kv.ranks)]
+    return out

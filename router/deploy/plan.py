@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from router.config.lanemap import lane_plan
 from router.config.load import parse_profile
 from router.config.models import PoolConfig, ProfileConfig
-from router.config.render import Rendered, RenderError, pool_serve_args
+from router.config.render import KVPorts, Rendered, RenderError, kv_ports, pool_serve_args
 
 Device = Literal["gpu", "cpu"]
 DEVICES: tuple[Device, ...] = ("gpu", "cpu")
@@ -71,6 +72,7 @@ class PoolPlan:
     serve: Rendered
     model_env: str
     key_env: str | None
+    kv: KVPorts | None = None  # the KV event publisher the router follows, if it does
 
     @property
     def version(self) -> str:
@@ -117,11 +119,13 @@ def image_for(template: str, version: str) -> str:
 def plan_pools(cfg: ProfileConfig, device: Device) -> tuple[PoolPlan, ...]:
     plans: list[PoolPlan] = []
     owners: dict[str, str] = {}
+    lanes = lane_plan(cfg)
     for name, pool in cfg.pools.items():
         s = slug(name)
         other = owners.setdefault(s, name)
         if other != name:
             raise RenderError(f"pools {other!r} and {name!r} both deploy as {s!r}: rename one")
+        kv = kv_ports(pool, (p.config.balance for p in lanes if p.config.pool == name))
         key_env = pool.upstream_api_key_env
         if key_env is None and pool.upstream_api_key is not None:
             # A literal key must not land in a config file or ConfigMap: it moves to the environment.
@@ -131,9 +135,10 @@ def plan_pools(cfg: ProfileConfig, device: Device) -> tuple[PoolPlan, ...]:
                 name=name,
                 slug=s,
                 pool=pool,
-                serve=pool_serve_args(pool, device=device),
+                serve=pool_serve_args(pool, device=device, kv=kv),
                 model_env=env_name("LANE_ROUTER_MODEL", name),
                 key_env=key_env,
+                kv=kv,
             )
         )
     return tuple(plans)
@@ -223,5 +228,11 @@ def deployed_profile(
         if p.key_env is not None:
             pool.pop("upstream_api_key", None)
             pool["upstream_api_key_env"] = p.key_env
+        if p.kv is not None:
+            # The deployed engines are vLLM, which lists no publishers: the router names the ports.
+            own = {k: v for k, v in pool.get("kv_events", {}).items() if k == "follow"}
+            ports = {"port": p.kv.port, "replay_port": p.kv.replay_port}
+            ports["data_parallel_size"] = p.kv.ranks
+            pool["kv_events"] = {**own, **{k: v for k, v in ports.items() if v is not None}}
     parse_profile(data, "deployed profile")
     return data

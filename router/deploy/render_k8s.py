@@ -55,7 +55,7 @@ def render_k8s(cfg: ProfileConfig, opts: K8sOptions = DEFAULTS) -> Manifest:
         if scaler is not None:
             docs.append(autoscaler_object(p, scaler, opts, slo_lanes(cfg, p.name)))
             scaled.append(p)
-    docs.append(pools_policy())
+    docs.append(pools_policy(plans))
     if scaled:
         docs.append(scrape_policy(scaled, opts))
     if deploys_redis(cfg):

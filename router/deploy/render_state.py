@@ -111,9 +111,14 @@ def _policy(meta: Meta, router_selector: dict[str, str]) -> dict[str, Any]:
 
 
 def ingress_only_from(
-    metadata: dict[str, Any], pods: dict[str, str], clients: dict[str, str], port: int
+    metadata: dict[str, Any],
+    pods: dict[str, str],
+    clients: dict[str, str],
+    port: int,
+    *more_ports: int,
 ) -> dict[str, Any]:
-    """A NetworkPolicy letting only the `clients` pods reach the `pods` pods, on `port`."""
+    """A NetworkPolicy letting only the `clients` pods reach the `pods` pods, on `port` (and
+    `more_ports`)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -124,7 +129,7 @@ def ingress_only_from(
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": clients}}],
-                    "ports": [{"protocol": "TCP", "port": port}],
+                    "ports": [{"protocol": "TCP", "port": n} for n in (port, *more_ports)],
                 }
             ],
         },
