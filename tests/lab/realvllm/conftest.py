@@ -11,10 +11,7 @@ LANE_ROUTER_REQUIRE_VLLM=1, as in CI, where a missing environment is a failure.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +22,11 @@ import pytest
 from router.config.load import parse_profile
 from router.config.render import pool_serve_args
 from router.lab.procs import free_ports
-from router.lab.realvllm.install import VllmInstall, VllmSetupMissing, locate
+from router.lab.realvllm.install import MULTI_MODEL, VllmInstall, VllmSetupMissing, locate
 from router.lab.realvllm.server import VllmServer
+from tests.lab.realvllm.kvcache.pair import pair_servers
+from tests.lab.realvllm.launch import PairSpec, launch, serving
+from tests.lab.realvllm.multimodel.servers import two_servers
 from tests.lab.realvllm.pools import POOL_KEYS, POOL_NAMES, SHARED_KEY, real_profile
 from tests.lab.realvllm.realrouter import RealRouter, real_router
 
@@ -45,6 +45,18 @@ def require_install(sizes: tuple[str, ...] = ("tiny",)) -> VllmInstall:
             pytest.fail(f"{REQUIRE_ENV}=1 but the real vLLM environment is missing: {exc}",
                         pytrace=False)  # fmt: skip
         pytest.skip(f"real vLLM environment not built: {exc}")
+
+
+def session_servers(install: VllmInstall, workdir: Path) -> list[VllmServer]:
+    return list(start_pools(install, workdir).values())
+
+
+# Every server pair of the real-vLLM tests, by the fixture that serves it.
+PAIRS = (
+    PairSpec("real_pools", ("tiny",), session_servers),
+    PairSpec("two_models", MULTI_MODEL, two_servers),
+    PairSpec("kv_pair", ("tiny",), pair_servers),
+)
 
 
 @pytest.fixture(scope="session")
@@ -93,19 +105,19 @@ def start_pools(install: VllmInstall, workdir: Path) -> dict[str, VllmServer]:
 
 
 @pytest.fixture(scope="session")
-def real_pools(vllm_install: VllmInstall, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPools]:
-    servers = start_pools(vllm_install, tmp_path_factory.mktemp("vllm"))
-    began = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        for server in servers.values():
-            stack.callback(server.stop)
-            server.start()
-        for server in servers.values():
-            server.wait_healthy(START_TIMEOUT_S)
-        # Shown with -s (and in CI logs): start-up dominates the real-vLLM part's run time.
-        took = time.monotonic() - began
-        print(f"\nreal vLLM: {len(servers)} servers healthy in {took:.0f}s", file=sys.stderr)
-        yield RealPools(vllm_install, servers)
+def real_pools(
+    vllm_install: VllmInstall, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[RealPools]:
+    def make() -> list[VllmServer]:
+        return session_servers(vllm_install, tmp_path_factory.mktemp("vllm"))
+
+    with serving(pytestconfig, "real_pools", make, START_TIMEOUT_S, "session pools") as (servers, _):
+        yield RealPools(vllm_install, dict(zip(POOL_NAMES, servers, strict=True)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the real-vLLM pairs the collected tests use, ahead of them (tests/lab/realvllm/launch.py)."""
+    launch(session, PAIRS)
 
 
 @pytest.fixture(scope="session")

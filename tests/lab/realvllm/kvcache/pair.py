@@ -12,14 +12,17 @@ ephemeral ports: "Address already in use" at engine start.)
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from router.config.models import PoolConfig
 from router.config.render import pool_serve_args
-from router.lab.realvllm.install import VLLM_VERSION
+from router.lab.procs import free_ports
+from router.lab.realvllm.install import VLLM_VERSION, VllmInstall
 from router.lab.realvllm.server import VllmServer
 
 MODEL = "tiny"
@@ -56,6 +59,21 @@ def pair_vllm() -> dict[str, Any]:
 def rendered_args(url: str) -> tuple[str, ...]:
     pool = PoolConfig.model_validate({"model": MODEL, "backends": [url], "vllm": pair_vllm()})
     return pool_serve_args(pool, device="cpu").args
+
+
+def pair_server(install: VllmInstall, workdir: Path, port: int, core: int) -> VllmServer:
+    return VllmServer(
+        venv=install.venv, model=install.model(MODEL), port=port, api_key=KEY, workdir=workdir,
+        cache=install.cache, core=core, args=rendered_args(f"http://127.0.0.1:{port}"),
+    )  # fmt: skip
+
+
+def pair_servers(install: VllmInstall, workdir: Path) -> list[VllmServer]:
+    """Handles for both servers of the pair, one CPU core each."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [
+        pair_server(install, workdir, port, cores[i % len(cores)]) for i, port in enumerate(free_ports(2))
+    ]
 
 
 @dataclass(frozen=True)
