@@ -238,7 +238,7 @@ async def _handle(
             runtime,
             headers.session_id,
             engine_token_ids(counter, facts, need) if settings.token_ids else (),
-            engine_salt(facts, salt),
+            engine_salt(facts, salt) if settings.token_ids else None,
         )
         if settings.affinity
         else None,
