@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from router.deploy.plan import plan_pools
 from router.deploy.render_vllm import ServeCommand, serve_plan
 from router.lab.realvllm.install import VllmInstall, VllmSetupMissing, locate
-from tests.deploy.samples import example
+from tests.deploy.samples import cfg, example, small
 
 pytestmark = pytest.mark.vllm
 
@@ -31,6 +32,8 @@ FIELDS = ("model", "model_tag", "host", "port", "served_model_name", "revision",
           "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "stream_interval",
           "scheduling_policy", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
           "enable_chunked_prefill", "tensor_parallel_size", "dtype", "kv_cache_dtype")
+# Read apart: vLLM's KVEventsConfig, as the engine will build its publisher from it.
+KV_FIELDS = ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint")
 results = []
 for argv in json.load(sys.stdin):
     parser = make_arg_parser(FlexibleArgumentParser())
@@ -38,7 +41,11 @@ for argv in json.load(sys.stdin):
     try:
         with contextlib.redirect_stderr(err):
             ns = parser.parse_args(argv)
-        results.append({f: getattr(ns, f, None) for f in FIELDS})
+        got = {f: getattr(ns, f, None) for f in FIELDS}
+        kv = getattr(ns, "kv_events_config", None)
+        if kv is not None:
+            got["kv_events_config"] = {f: getattr(kv, f, None) for f in KV_FIELDS}
+        results.append(got)
     except SystemExit:
         results.append({"error": err.getvalue().strip().splitlines()[-1]})
 print(json.dumps(results))
@@ -105,3 +112,23 @@ def test_vllm_parses_every_rendered_command_as_the_profile_means_it() -> None:
         assert {k: got.get(k) for k in want} == want, (device, command.url)
     # The flags the renderer leaves out on vLLM ≥ 0.27 are indeed gone: the check can fail.
     assert "unrecognized arguments: --max-num-partial-prefills" in parsed[-1]["error"]
+
+
+def test_vllm_reads_a_followed_pools_kv_events_config_as_rendered() -> None:
+    install = _install()
+    data = small(chat={"kv_events": {"port": 6001, "replay_port": 6101}})
+    data["lanes"]["rag"]["balance"] = "precise_prefix"
+    data["models"]["org/chat"] = {"tokenizer": "simulator"}
+    plans = {p.name: p for p in plan_pools(cfg(data), "cpu")}
+    followed, plain = plans["chat"].serve.args, plans["bulk"].serve.args
+
+    got = _parse(install, [["--model", "m", *followed], ["--model", "m", *plain]])
+
+    assert got[0]["enable_prefix_caching"] is True
+    assert got[0]["kv_events_config"] == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:6001",
+        "replay_endpoint": "tcp://*:6101",
+    }
+    assert "kv_events_config" not in got[1]
