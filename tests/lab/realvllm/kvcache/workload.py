@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import httpx
 import zmq.asyncio
 
-from router.fleet.kvindex import chain_keys
 from router.fleet.kvstream import Stream, start
 from router.lab.realvllm.server import VllmServer
 from tests.lab.realvllm.kvcache.pair import BLOCK, KEY, MODEL, KVServer
@@ -75,7 +74,7 @@ async def counted(server: VllmServer, before: Counters, queried: int, timeout: f
 
 def held(stream: Stream, ids: list[int]) -> int:
     """The prompt's leading tokens the stream's index says the engine holds."""
-    return stream.index.cached_tokens(chain_keys(ids, BLOCK))
+    return stream.index.cached_tokens(stream.index.keyer.chain_keys(ids, BLOCK))
 
 
 async def until_held(stream: Stream, ids: list[int], timeout: float = 30.0) -> int:
