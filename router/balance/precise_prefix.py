@@ -83,7 +83,9 @@ def affinity_key(settings: PrecisePrefixSettings, request: AffinityRequest) -> A
     chain = request.chain
     if len(chain) < depth:
         return None
-    return AffinityKey(chain[depth - 1], chain, depth, request.token_ids, request.salt)
+    return AffinityKey(
+        key=chain[depth - 1], chain=chain, min_depth=depth, token_ids=request.token_ids, salt=request.salt
+    )
 
 
 def _build(settings: PrecisePrefixSettings, hooks: BalanceHooks) -> PrecisePrefix:

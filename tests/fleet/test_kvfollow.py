@@ -18,6 +18,7 @@ import httpx
 import orjson
 import pytest
 import yaml
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.balance import AffinityRequest, affinity_for
@@ -321,16 +322,30 @@ def stored(rank: int, token_ids: list[int]) -> bytes:
     return encode_batch(1.0, log.take(), data_parallel_rank=rank)
 
 
+def two_ranks(attempts: int = 20) -> tuple[list[ZmqKVEventPublisher], int, int]:
+    """Two data-parallel ranks' publishers, rank r on port + r: free ports are picked one by one,
+    so port + 1 may be taken by another process; such a pick is given up for another."""
+    for _ in range(attempts):
+        pub, replay = free_ports(2)
+        ranks: list[ZmqKVEventPublisher] = []
+        try:
+            for rank in range(2):
+                config = KVEventsConfig(
+                    enable_kv_cache_events=True,
+                    endpoint=f"tcp://*:{pub}",
+                    replay_endpoint=f"tcp://*:{replay}",
+                )
+                ranks.append(ZmqKVEventPublisher(config.for_server(rank)))
+        except zmq.ZMQError:
+            for publisher in ranks:
+                publisher.close()
+            continue
+        return ranks, pub, replay
+    raise AssertionError(f"no two free pairs of consecutive ports in {attempts} picks")
+
+
 async def test_every_data_parallel_rank_of_a_backend_feeds_its_one_index() -> None:
-    pub, replay = free_ports(2)
-    ranks = [
-        ZmqKVEventPublisher(
-            KVEventsConfig(
-                enable_kv_cache_events=True, endpoint=f"tcp://*:{pub}", replay_endpoint=f"tcp://*:{replay}"
-            ).for_server(rank)
-        )
-        for rank in range(2)
-    ]
+    ranks, pub, replay = two_ranks()
     prompts = [text_token_ids(prompt(f"Question {rank} of the rank.")) for rank in range(2)]
     try:
         async with running(FakeBackend()) as url:

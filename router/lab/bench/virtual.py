@@ -273,11 +273,11 @@ def run_virtual(
             gate.close()
     outcomes = [driver.outcome(r) for r in result.records] + driver.abandoned
     return VirtualRun(
-        outcomes,
-        pool_use(result.backends, result.records),
-        result.end_time,
-        result.backends,
-        router.estimated,
+        outcomes=outcomes,
+        pools=pool_use(result.backends, result.records),
+        end_time=result.end_time,
+        backends=result.backends,
+        estimated=router.estimated,
     )
 
 

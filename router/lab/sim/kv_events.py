@@ -95,7 +95,15 @@ class KVEventLog:
             last.token_ids.extend(token_ids)
             last.salts.append(salt)
             return
-        self._events.append(BlockStored([digest], parent, list(token_ids), block_size, [salt]))
+        self._events.append(
+            BlockStored(
+                digests=[digest],
+                parent=parent,
+                token_ids=list(token_ids),
+                block_size=block_size,
+                salts=[salt],
+            )
+        )
 
     def removed(self, digest: bytes) -> None:
         self._events.append(BlockRemoved(digest))
